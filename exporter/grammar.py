@@ -1,0 +1,131 @@
+"""Engine grammars: regex rules loaded from a data file per engine, matched against one record."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Mapping
+
+from exporter.model import Phase, Reason, frozen_map
+
+# Engine-reported values a grammar may extract, with their help text. A rule names one in a group
+# as `<value>__<unit>`, e.g. `(?P<model_weights_bytes__gib>[\d.]+)`; the unit scales it to base units.
+VALUES: Mapping[str, str] = frozen_map(
+    {
+        "model_weights_bytes": "GPU memory the model weights take per rank, as the engine reports it.",
+        "kv_cache_tokens": "Tokens the KV cache holds, as the engine reports it.",
+        "kv_cache_memory_bytes": "Memory set aside for the KV cache per rank, as the engine reports it.",
+        "graph_memory_bytes": "Memory the CUDA graphs take, as the engine reports it.",
+        "max_model_len_tokens": "The context length the engine serves.",
+        "engine_weights_load_seconds": "Seconds the engine says loading the weights took.",
+        "engine_compile_seconds": "Seconds the engine says torch.compile took.",
+        "engine_graph_capture_seconds": "Seconds the engine says CUDA-graph capture took.",
+        "engine_init_seconds": "Seconds the engine says its init (profile, KV cache, warm-up) took.",
+    }
+)
+INFO = frozenset({"engine_version", "model"})
+SCALES: Mapping[str, float] = frozen_map(
+    # vLLM ≤0.7 prints "GB" for a value it computed in GiB, so GB scales as GiB.
+    {"gib": 2.0**30, "gb": 2.0**30, "mib": 2.0**20, "s": 1.0, "count": 1.0}
+)
+
+
+class GrammarError(ValueError):
+    """A grammar file that does not load; names the file and the rule."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    pattern: re.Pattern[str]
+    phase: Phase | None = None
+    reason: Reason | None = None
+    fatal: bool = False  # the engine gives up here, whether or not its processes exit yet
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    phase: Phase | None = None
+    reason: Reason | None = None
+    fatal: bool = False
+    info: Mapping[str, str] = field(default_factory=frozen_map)
+    values: Mapping[str, float] = field(default_factory=frozen_map)
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    engine: str
+    commands: tuple[re.Pattern[str], ...]  # searched in a process's command line
+    prefix: re.Pattern[str] | None  # strips the engine's own line prefix; group `msg` is the rest
+    rules: tuple[Rule, ...]
+
+
+def parse(engine: str, text: str) -> Grammar:
+    """Build a grammar from the text of its TOML file; every mistake is a GrammarError."""
+    try:
+        data = tomllib.loads(text)
+        prefix = data.get("prefix")
+        return Grammar(
+            engine=engine,
+            commands=tuple(re.compile(c) for c in data.get("commands", [])),
+            prefix=re.compile(prefix) if prefix else None,
+            rules=tuple(_rule(r) for r in data.get("rule", [])),
+        )
+    except (tomllib.TOMLDecodeError, re.error, ValueError, KeyError) as error:
+        raise GrammarError(f"grammar {engine}: {error}") from error
+
+
+def _rule(raw: Mapping[str, object]) -> Rule:
+    pattern = re.compile(str(raw["match"]))
+    for group in pattern.groupindex:
+        name, _, unit = group.partition("__")
+        if group not in INFO and (name not in VALUES or unit not in SCALES):
+            raise ValueError(f"rule {pattern.pattern!r}: group {group!r} is no known value")
+    phase, reason = raw.get("phase"), raw.get("reason")
+    return Rule(
+        pattern=pattern,
+        phase=Phase(phase) if phase else None,
+        reason=Reason(reason) if reason else None,
+        fatal=bool(raw.get("fatal", False)),
+    )
+
+
+def load(engine: str) -> Grammar:
+    """The grammar shipped in exporter/grammars/<engine>.toml."""
+    try:
+        text = resources.files("exporter.grammars").joinpath(f"{engine}.toml").read_text("utf-8")
+    except FileNotFoundError:
+        raise GrammarError(f"no grammar for engine {engine!r}; known: {', '.join(ENGINES)}") from None
+    return parse(engine, text)
+
+
+ENGINES = ("vllm", "generic")
+
+
+def match(grammar: Grammar, record: str) -> Match | None:
+    """The first rule that matches the record (after the engine's prefix), with its values."""
+    message = record
+    if grammar.prefix and (head := grammar.prefix.match(record)):
+        message = head.group("msg")
+    for rule in grammar.rules:
+        if found := rule.pattern.search(message):
+            info, values = {}, {}
+            for group, raw in found.groupdict().items():
+                if raw is None:
+                    continue
+                if group in INFO:
+                    info[group] = raw
+                else:
+                    name, _, unit = group.partition("__")
+                    values[name] = float(raw.replace(",", "")) * SCALES[unit]
+            return Match(rule.phase, rule.reason, rule.fatal, frozen_map(info), frozen_map(values))
+    return None
+
+
+def detect(grammars: tuple[Grammar, ...], cmdline: str) -> str | None:
+    """The engine whose command pattern the command line matches, first grammar first."""
+    for grammar in grammars:
+        if any(c.search(cmdline) for c in grammar.commands):
+            return grammar.engine
+    return None

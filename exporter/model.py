@@ -1,0 +1,252 @@
+"""Value types every part shares: phases, verdicts, observations and per-unit state; no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Mapping
+
+
+class Phase(StrEnum):
+    """Startup phases, in the order an attempt passes through them (DESIGN.md)."""
+
+    INACTIVE = "inactive"
+    LAUNCHING = "launching"
+    INITIALIZING_DISTRIBUTED = "initializing_distributed"
+    DOWNLOADING = "downloading"
+    LOADING_WEIGHTS = "loading_weights"
+    COMPILING = "compiling"
+    PROFILING = "profiling"
+    ALLOCATING_KV_CACHE = "allocating_kv_cache"
+    WARMING_UP = "warming_up"
+    CAPTURING_GRAPHS = "capturing_graphs"
+    STARTING_API = "starting_api"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPING = "stopping"
+
+
+# Phases an attempt moves forward through; a marker never moves an attempt backwards, because
+# the ranks of a tensor-parallel engine print the same markers out of step with each other.
+STARTUP_ORDER: tuple[Phase, ...] = tuple(Phase)[: tuple(Phase).index(Phase.READY) + 1]
+
+
+class Verdict(StrEnum):
+    INACTIVE = "inactive"
+    PROGRESSING = "progressing"
+    SILENT_PROGRESS = "silent_progress"
+    STALLED = "stalled"
+    READY = "ready"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+class Signal(StrEnum):
+    """Evidence that a unit is alive; each has its own last-movement time."""
+
+    LOG = "log"
+    CPU = "cpu"
+    IO = "io"
+    GPU_MEMORY = "gpu_memory"
+    PROCESSES = "processes"
+
+
+class Outcome(StrEnum):
+    READY = "ready"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class Reason(StrEnum):
+    """Why a startup failed: a bounded set, so it can be a label."""
+
+    CUDA_OOM = "cuda_oom"
+    HOST_OOM_KILLED = "host_oom_killed"
+    NCCL = "nccl"
+    GPU_XID = "gpu_xid"
+    CUDA_ERROR = "cuda_error"
+    ENGINE_INIT = "engine_init"
+    BAD_CONFIG = "bad_config"
+    PORT_IN_USE = "port_in_use"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    KILLED = "killed"
+    EXITED = "exited"
+
+
+# Reasons that only say *that* it died; a specific root cause seen earlier in the same attempt wins.
+GENERIC_REASONS = frozenset({Reason.ENGINE_INIT, Reason.CRASHED, Reason.KILLED, Reason.EXITED})
+
+
+class ProcessState(StrEnum):
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    DISK_SLEEP = "disk_sleep"
+    ZOMBIE = "zombie"
+    STOPPED = "stopped"
+
+
+class Event(StrEnum):
+    """What PID 1 says about a unit (systemd's unit lifecycle messages)."""
+
+    STARTED = "started"
+    EXITED = "exited"  # Main process exited, code=…, status=…
+    FAILED = "failed"  # Failed with result '…'
+    RESTART_SCHEDULED = "restart_scheduled"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    OOM_KILLED = "oom_killed"
+
+
+def frozen_map(d: Mapping | None = None) -> Mapping:  # type: ignore[type-arg]
+    return MappingProxyType(dict(d or {}))
+
+
+
+
+# ---- observations: what the sources hand to the core, each stamped with CLOCK_MONOTONIC seconds ----
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    t: float
+    unit: str
+    text: str
+    invocation: str = ""  # systemd's _SYSTEMD_INVOCATION_ID: one per start of the unit
+
+
+@dataclass(frozen=True, slots=True)
+class Lifecycle:
+    t: float
+    unit: str
+    event: Event
+    detail: str = ""  # e.g. "killed/9/KILL" for EXITED, "oom-kill" for FAILED
+    invocation: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """The unit's cgroup at one instant. An empty `ids` means no process is left."""
+
+    t: float
+    unit: str
+    ids: frozenset[tuple[int, float]]  # (pid, start time): a pid alone can be reused
+    cpu_seconds: float
+    read_bytes: int
+    written_bytes: int
+    rss_bytes: int
+    states: Mapping[ProcessState, int] = field(default_factory=frozen_map)
+    started_at: float | None = None  # monotonic start of the oldest process
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """GPU memory of the unit's processes per GPU index; None where NVML could not say."""
+
+    t: float
+    unit: str
+    memory: Mapping[str, int | None]
+
+
+Observation = LogLine | Lifecycle | ProcessSample | GpuSample
+
+
+# ---- state ----
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Cumulative bucket counts, as Prometheus wants them; immutable so the fold can carry it."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    count: int = 0
+    total: float = 0.0
+
+    @classmethod
+    def empty(cls, bounds: tuple[float, ...]) -> Histogram:
+        return cls(bounds, (0,) * len(bounds))
+
+    def observe(self, value: float) -> Histogram:
+        counts = tuple(c + (value <= b) for c, b in zip(self.counts, self.bounds))
+        return Histogram(self.bounds, counts, self.count + 1, self.total + value)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One start of a unit, from its first process (or PID 1's Started) until ready, failure or stop."""
+
+    started: float
+    invocation: str = ""
+    phase: Phase = Phase.LAUNCHING
+    phase_since: float = 0.0
+    reason: Reason | None = None  # root cause seen so far; the attempt fails with it
+    ended: float | None = None
+    outcome: Outcome | None = None
+    ready_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnitState:
+    """Everything the core knows about one unit; a fold over its observations."""
+
+    unit: str
+    engine: str = ""
+    info: Mapping[str, str] = field(default_factory=frozen_map)  # engine_version, model
+    values: Mapping[str, float] = field(default_factory=frozen_map)  # engine-reported, base units
+    attempt: Attempt | None = None
+    last_log: float | None = None
+    moved: Mapping[Signal, float] = field(default_factory=frozen_map)  # last time each signal moved
+    watched_since: float | None = None  # first process sample: we cannot vouch for stillness before it
+    last_process: ProcessSample | None = None
+    last_gpu: GpuSample | None = None
+    # cumulative tallies, rendered as counters and histograms
+    startups: Mapping[Outcome, int] = field(default_factory=frozen_map)
+    failures: Mapping[tuple[Phase, Reason], int] = field(default_factory=frozen_map)
+    phase_durations: Mapping[Phase, Histogram] = field(default_factory=frozen_map)
+    last_phase_durations: Mapping[Phase, float] = field(default_factory=frozen_map)
+    startup_durations: Mapping[Outcome, Histogram] = field(default_factory=frozen_map)
+    cpu_total: float = 0.0
+    read_total: int = 0
+    written_total: int = 0
+
+    @property
+    def phase(self) -> Phase:
+        return self.attempt.phase if self.attempt else Phase.INACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    silence: float = 60.0  # no log line for this long: the unit is silent
+    stall: float = 300.0  # nothing moved for this long: the unit is stalled
+    stale: float = 6.0  # a sample older than this is no evidence at all
+    cpu_floor: float = 0.05  # CPU seconds per second (5% of a core) that count as work
+    io_floor: int = 64 * 1024  # bytes read or written between samples that count as work
+    gpu_floor: int = 64 * 1024 * 1024  # a GPU memory change that counts as movement
+    gpu: bool = True  # whether GPU evidence is expected at all
+
+
+@dataclass(frozen=True, slots=True)
+class UnitView:
+    """A unit as published: its state and the verdict at the snapshot's time."""
+
+    state: UnitState
+    verdict: Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class SourceHealth:
+    up: bool
+    last_success: float | None = None  # wall-clock seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What a scrape renders: immutable, swapped in whole by the agent."""
+
+    t: float  # monotonic time of the snapshot
+    wall_offset: float  # wall = monotonic + wall_offset
+    units: tuple[UnitView, ...] = ()
+    sources: Mapping[str, SourceHealth] = field(default_factory=frozen_map)
+    gpus: tuple[tuple[str, str, str], ...] = ()  # (index, uuid, name)

@@ -1,0 +1,321 @@
+"""The pure core: fold observations into a unit's state (`advance`) and judge it at a time (`judge`).
+
+Never reads a clock, logs, or touches the host: `serve`, `status`, `wait` and `replay` all feed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping, TypeVar
+
+from exporter import grammar as grammars
+from exporter.grammar import Grammar
+from exporter.model import (
+    GENERIC_REASONS,
+    STARTUP_ORDER,
+    Attempt,
+    Event,
+    GpuSample,
+    Histogram,
+    Lifecycle,
+    Limits,
+    LogLine,
+    Observation,
+    Outcome,
+    Phase,
+    ProcessSample,
+    Reason,
+    Signal,
+    UnitState,
+    Verdict,
+    frozen_map,
+)
+
+DURATION_BUCKETS = (1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1200, 1800, 2700, 3600)
+
+K = TypeVar("K")
+
+
+def _bump(tally: Mapping[K, int], key: K) -> Mapping[K, int]:
+    return frozen_map({**tally, key: tally.get(key, 0) + 1})
+
+
+def _observe(hists: Mapping[K, Histogram], key: K, value: float) -> Mapping[K, Histogram]:
+    hist = hists.get(key) or Histogram.empty(tuple(float(b) for b in DURATION_BUCKETS))
+    return frozen_map({**hists, key: hist.observe(value)})
+
+
+def _moved(state: UnitState, signal: Signal, t: float) -> UnitState:
+    return replace(state, moved=frozen_map({**state.moved, signal: t}))
+
+
+def _live(state: UnitState) -> Attempt | None:
+    """The attempt whose processes may still run, if any."""
+    return state.attempt if state.attempt and state.attempt.ended is None else None
+
+
+# ---- attempts ----
+
+
+def _begin(state: UnitState, t: float, invocation: str) -> UnitState:
+    state = _end(state, t) if _live(state) else state
+    attempt = Attempt(started=t, invocation=invocation, phase=Phase.LAUNCHING, phase_since=t)
+    return replace(state, attempt=attempt, values=frozen_map())
+
+
+def _enter(state: UnitState, phase: Phase, t: float) -> UnitState:
+    """Move the live attempt forward to `phase`, observing how long the phase it leaves took."""
+    attempt = state.attempt
+    assert attempt is not None
+    left, took = attempt.phase, max(0.0, t - attempt.phase_since)
+    if left in STARTUP_ORDER and left is not Phase.READY:
+        state = replace(
+            state,
+            phase_durations=_observe(state.phase_durations, left, took),
+            last_phase_durations=frozen_map({**state.last_phase_durations, left: took}),
+        )
+    attempt = replace(attempt, phase=phase, phase_since=t)
+    if phase is Phase.READY:  # causes seen on the way no longer explain a later exit
+        attempt = replace(attempt, outcome=Outcome.READY, ready_at=t, reason=None)
+        state = replace(
+            state,
+            startups=_bump(state.startups, Outcome.READY),
+            startup_durations=_observe(state.startup_durations, Outcome.READY, t - attempt.started),
+        )
+    return replace(state, attempt=attempt)
+
+
+def _cause(attempt: Attempt, reason: Reason) -> Attempt:
+    """Remember why the attempt is failing; the first specific root cause wins over generic ones."""
+    if attempt.reason is None or (attempt.reason in GENERIC_REASONS and reason not in GENERIC_REASONS):
+        return replace(attempt, reason=reason)
+    return attempt
+
+
+def _fail(state: UnitState, t: float, reason: Reason) -> UnitState:
+    attempt = state.attempt
+    assert attempt is not None
+    if attempt.phase is Phase.FAILED:
+        return state
+    attempt = _cause(attempt, reason)
+    assert attempt.reason is not None
+    state = replace(state, failures=_bump(state.failures, (attempt.phase, attempt.reason)))
+    if attempt.outcome is None:
+        state = replace(
+            state,
+            startups=_bump(state.startups, Outcome.FAILED),
+            startup_durations=_observe(state.startup_durations, Outcome.FAILED, t - attempt.started),
+        )
+        attempt = replace(attempt, outcome=Outcome.FAILED)
+    return replace(state, attempt=replace(attempt, phase=Phase.FAILED, phase_since=t))
+
+
+def _stop(state: UnitState, t: float) -> UnitState:
+    attempt = state.attempt
+    assert attempt is not None
+    if attempt.outcome is None:
+        state = replace(
+            state,
+            startups=_bump(state.startups, Outcome.STOPPED),
+            startup_durations=_observe(state.startup_durations, Outcome.STOPPED, t - attempt.started),
+        )
+        attempt = replace(attempt, outcome=Outcome.STOPPED)
+    return replace(state, attempt=replace(attempt, phase=Phase.STOPPING, phase_since=t))
+
+
+def _end(state: UnitState, t: float, reason: Reason | None = None) -> UnitState:
+    """The attempt's processes are gone. Before ready and not asked to stop, that is a failure."""
+    attempt = state.attempt
+    assert attempt is not None
+    if attempt.phase not in (Phase.STOPPING, Phase.FAILED):
+        cause = reason or attempt.reason
+        if attempt.outcome is None or cause is not None:
+            state = _fail(state, t, cause or Reason.EXITED)
+    attempt = state.attempt
+    assert attempt is not None
+    phase = Phase.FAILED if attempt.phase is Phase.FAILED else Phase.INACTIVE
+    return replace(state, attempt=replace(attempt, phase=phase, phase_since=t, ended=t))
+
+
+# ---- observations ----
+
+
+def _line(state: UnitState, line: LogLine, grammar: Grammar) -> UnitState:
+    state = _moved(replace(state, last_log=line.t), Signal.LOG, line.t)
+    attempt = state.attempt
+    if attempt is None:
+        state = _begin(state, line.t, line.invocation)
+    elif attempt.ended is not None:
+        late = attempt.invocation == line.invocation if line.invocation else line.t <= attempt.ended
+        if late:  # the last words of an attempt we already saw end: nothing to start or judge
+            return state
+        state = _begin(state, line.t, line.invocation)
+    elif line.invocation and attempt.invocation and line.invocation != attempt.invocation:
+        state = _begin(state, line.t, line.invocation)  # systemd started the unit again
+    elif line.invocation and not attempt.invocation:
+        state = replace(state, attempt=replace(attempt, invocation=line.invocation))
+
+    found = grammars.match(grammar, line.text)
+    if found is None:
+        return state
+    state = replace(
+        state,
+        info=frozen_map({**state.info, **found.info}),
+        values=frozen_map({**state.values, **found.values}),
+    )
+    attempt = state.attempt
+    assert attempt is not None
+    if found.reason is not None:
+        if found.fatal:
+            return _fail(state, line.t, found.reason)
+        state = replace(state, attempt=_cause(attempt, found.reason))
+    if found.phase is not None and _forward(attempt.phase, found.phase):
+        state = _enter(state, found.phase, line.t)
+    return state
+
+
+def _forward(current: Phase, new: Phase) -> bool:
+    return (
+        current in STARTUP_ORDER
+        and new in STARTUP_ORDER
+        and STARTUP_ORDER.index(new) > STARTUP_ORDER.index(current)
+    )
+
+
+# PID 1's words for how the main process ended ("code/status/name"), when no log line said why.
+def _exit_reason(detail: str) -> Reason | None:
+    code, _, status = detail.partition("/")
+    if code == "exited":
+        return None if status.startswith("0/") else Reason.CRASHED
+    if code == "killed":
+        return Reason.KILLED if status.split("/")[0] in ("9", "15", "2") else Reason.CRASHED
+    return Reason.CRASHED  # dumped: a core dump
+
+
+FAILED_RESULTS: Mapping[str, Reason] = frozen_map(
+    {"oom-kill": Reason.HOST_OOM_KILLED, "timeout": Reason.TIMEOUT, "signal": Reason.KILLED}
+)
+
+
+def _lifecycle(state: UnitState, event: Lifecycle) -> UnitState:
+    live = _live(state)
+    if event.event is Event.STARTED:
+        same = live and (not event.invocation or not live.invocation or live.invocation == event.invocation)
+        return state if same else _begin(state, event.t, event.invocation)
+    if live is None:
+        return state
+    if event.event is Event.STOPPING:
+        return _stop(state, event.t)
+    if event.event is Event.OOM_KILLED:
+        return replace(state, attempt=_cause(live, Reason.HOST_OOM_KILLED))
+    if event.event is Event.EXITED:
+        reason = _exit_reason(event.detail)
+        if reason is None and live.phase is not Phase.STOPPING and live.outcome is None:
+            return _stop(state, event.t)  # a clean exit before ready: nobody's fault, but no start
+        return _fail(state, event.t, reason) if reason and live.phase is not Phase.STOPPING else state
+    if event.event is Event.FAILED:
+        return _fail(state, event.t, FAILED_RESULTS.get(event.detail, Reason.CRASHED))
+    if event.event is Event.STOPPED:
+        return _end(state, event.t)
+    return state  # RESTART_SCHEDULED: the Started that follows begins the next attempt
+
+
+def _delta(now: float, before: float) -> float:
+    """Growth of a counter that restarts from zero when systemd recreates the unit's cgroup."""
+    return now - before if now >= before else now
+
+
+def _processes(state: UnitState, sample: ProcessSample, limits: Limits) -> UnitState:
+    before = state.last_process
+    cpu = _delta(sample.cpu_seconds, before.cpu_seconds) if before else 0.0
+    read = int(_delta(sample.read_bytes, before.read_bytes)) if before else 0
+    written = int(_delta(sample.written_bytes, before.written_bytes)) if before else 0
+    state = replace(
+        state,
+        last_process=sample,
+        watched_since=state.watched_since if state.watched_since is not None else sample.t,
+        cpu_total=state.cpu_total + cpu,
+        read_total=state.read_total + read,
+        written_total=state.written_total + written,
+    )
+    if before is not None:
+        elapsed = max(sample.t - before.t, 1e-9)
+        if cpu / elapsed >= limits.cpu_floor:
+            state = _moved(state, Signal.CPU, sample.t)
+        if read + written >= limits.io_floor:
+            state = _moved(state, Signal.IO, sample.t)
+        if sample.ids != before.ids:
+            state = _moved(state, Signal.PROCESSES, sample.t)
+
+    live = _live(state)
+    if live and before and _replaced(before, sample, live):
+        # systemd restarted the unit between two samples (RestartSec= defaults to 100 ms)
+        t = max(before.t, min(sample.started_at or sample.t, sample.t))
+        return _begin(state, t, "")
+    if sample.ids and live is None:
+        started = sample.started_at if sample.started_at is not None else sample.t
+        ended = state.attempt.ended if state.attempt and state.attempt.ended is not None else started
+        return _begin(state, min(sample.t, max(started, ended)), "")
+    if not sample.ids and live is not None:
+        return _end(state, sample.t)
+    return state
+
+
+def _replaced(before: ProcessSample, sample: ProcessSample, live: Attempt) -> bool:
+    """Every process is new, and newer than the attempt: a new start, not workers coming and going."""
+    return (
+        bool(before.ids and sample.ids)
+        and before.ids.isdisjoint(sample.ids)
+        and sample.started_at is not None
+        and sample.started_at > live.started
+    )
+
+
+def _gpu(state: UnitState, sample: GpuSample, limits: Limits) -> UnitState:
+    before = state.last_gpu
+    state = replace(state, last_gpu=sample)
+    if before is None:
+        return state
+    for gpu in sample.memory.keys() | before.memory.keys():
+        now, then = sample.memory.get(gpu, 0), before.memory.get(gpu, 0)
+        if now is not None and then is not None and abs(now - then) >= limits.gpu_floor:
+            return _moved(state, Signal.GPU_MEMORY, sample.t)
+    return state
+
+
+def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits) -> UnitState:
+    """The unit's state after one more observation. Observations arrive in time order."""
+    if isinstance(obs, LogLine):
+        return _line(state, obs, grammar)
+    if isinstance(obs, Lifecycle):
+        return _lifecycle(state, obs)
+    if isinstance(obs, ProcessSample):
+        return _processes(state, obs, limits)
+    return _gpu(state, obs, limits)
+
+
+def judge(state: UnitState, now: float, limits: Limits) -> Verdict:
+    """Progressing, silent but alive, stalled, or unknown when the evidence cannot say."""
+    attempt = state.attempt
+    if attempt is None or (attempt.ended is not None and attempt.phase is not Phase.FAILED):
+        return Verdict.INACTIVE
+    if attempt.phase is Phase.FAILED:
+        return Verdict.FAILED
+    if attempt.phase is Phase.READY:
+        return Verdict.READY
+    if state.last_log is not None and now - state.last_log < limits.silence:
+        return Verdict.PROGRESSING
+    # Silence alone proves nothing (journald drops, \r bars, stopped streams): ask the process side.
+    if state.last_process is None or now - state.last_process.t > limits.stale:
+        return Verdict.UNKNOWN
+    gpu_stale = (
+        limits.gpu and state.last_gpu is not None and now - state.last_gpu.t > limits.stale
+    )
+    latest = max(state.moved.values(), default=None)
+    if latest is not None and now - latest < limits.stall:
+        return Verdict.SILENT_PROGRESS
+    if gpu_stale:
+        return Verdict.UNKNOWN  # the GPU might be the one thing still moving: do not guess
+    assert state.watched_since is not None
+    quiet_since = max(latest or attempt.started, state.watched_since, attempt.started)
+    return Verdict.STALLED if now - quiet_since >= limits.stall else Verdict.UNKNOWN
