@@ -1,0 +1,258 @@
+"""Pure tables for the core: sequences of observations → phase, verdict and tallies."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from exporter import grammar
+from exporter.model import (
+    Event,
+    GpuSample,
+    Lifecycle,
+    Limits,
+    LogLine,
+    Outcome,
+    Phase,
+    ProcessSample,
+    Reason,
+    Signal,
+    UnitState,
+    Verdict,
+)
+from exporter.tracker import advance, judge
+
+VLLM = grammar.load("vllm")
+LIMITS = Limits(silence=60, stall=300, stale=6, gpu=True)
+U = "vllm.service"
+GiB = 2**30
+
+
+def line(t, text, inv="a"):
+    return LogLine(t, U, text, inv)
+
+
+def procs(t, *pids, cpu=0.0, io=0, started=0.0):
+    return ProcessSample(
+        t, U, frozenset((p, started) for p in pids), cpu, io, 0, 0, started_at=started if pids else None
+    )
+
+
+def gpu(t, gib):
+    return GpuSample(t, U, {"0": None if gib is None else int(gib * GiB)})
+
+
+def pid1(t, event, detail="", inv="a"):
+    return Lifecycle(t, U, event, detail, inv)
+
+
+def fold(observations, limits=LIMITS):
+    return functools.reduce(
+        lambda state, obs: advance(state, obs, VLLM, limits), observations, UnitState(U)
+    )
+
+
+# A startup up to the silent torch.compile, with the process side watched from the start.
+TO_COMPILE = [
+    procs(0, 10, cpu=0),
+    line(1, "INFO 10-21 09:12:04 [api_server.py:1839] vLLM API server version 0.11.0"),
+    line(5, "(EngineCore_DP0 pid=11) INFO 10-21 09:12:09 [gpu_model_runner.py:2602] Starting to load model Qwen/Qwen3-8B..."),
+    line(20, "(EngineCore_DP0 pid=11) INFO 10-21 09:12:24 [gpu_model_runner.py:2653] Model loading took 15.27 GiB and 12.30 seconds"),
+    line(21, "(EngineCore_DP0 pid=11) INFO 10-21 09:12:25 [backends.py:548] Using cache directory: /root/.cache/vllm/torch_compile_cache/7522dc03ce/rank_0_0/backbone for vLLM's torch.compile"),
+    procs(22, 10, cpu=30),
+]
+
+
+@pytest.mark.parametrize(
+    ("observations", "now", "want"),
+    [
+        pytest.param([], 0, Verdict.INACTIVE, id="never seen: inactive"),
+        pytest.param(TO_COMPILE, 25, Verdict.PROGRESSING, id="a line within the silence threshold"),
+        pytest.param(
+            [*TO_COMPILE, procs(200, 10, 11, 12, cpu=400), procs(202, 10, cpu=420)],
+            203,
+            Verdict.SILENT_PROGRESS,
+            id="silent compile burning CPU in workers: silent progress",
+        ),
+        pytest.param(
+            [*TO_COMPILE, *(procs(t, 10, cpu=30) for t in range(30, 331, 10))],
+            330,
+            Verdict.STALLED,
+            id="nothing moved for the stall threshold: stalled",
+        ),
+        pytest.param(
+            [*TO_COMPILE, *(procs(t, 10, cpu=30) for t in range(30, 301, 10))],
+            300,
+            Verdict.SILENT_PROGRESS,
+            id="quiet, but the last line is younger than the stall threshold",
+        ),
+        pytest.param(
+            [*TO_COMPILE, procs(100, 10, cpu=30)],
+            330,
+            Verdict.UNKNOWN,
+            id="process samples stale: say so, do not guess",
+        ),
+        pytest.param(
+            [*TO_COMPILE, gpu(22, 15.3), *(procs(t, 10, cpu=30) for t in range(30, 331, 10))],
+            330,
+            Verdict.UNKNOWN,
+            id="GPU evidence went stale and nothing else moved: unknown, not stalled",
+        ),
+        pytest.param(
+            [*TO_COMPILE, gpu(22, 15.3), *(x for t in range(30, 331, 10) for x in (procs(t, 10, cpu=30), gpu(t, 15.3 + t / 100)))],
+            330,
+            Verdict.SILENT_PROGRESS,
+            id="GPU memory creeping during graph capture: silent progress",
+        ),
+        pytest.param(
+            [*TO_COMPILE, gpu(22, 15.3), *(x for t in range(30, 331, 10) for x in (procs(t, 10, cpu=30), gpu(t, 15.3)))],
+            330,
+            Verdict.STALLED,
+            id="GPU memory flat and fresh, everything else flat: stalled",
+        ),
+        pytest.param(
+            [*TO_COMPILE, *(procs(t, 10, cpu=30 + t * 0.01) for t in range(30, 331, 10))],
+            330,
+            Verdict.STALLED,
+            id="CPU below the floor (1% of a core) is not work",
+        ),
+        pytest.param(
+            [*TO_COMPILE, *(procs(t, 10, cpu=30, io=t * 10**6) for t in range(30, 331, 10))],
+            330,
+            Verdict.SILENT_PROGRESS,
+            id="reading a slow disk is progress",
+        ),
+        pytest.param(
+            [*TO_COMPILE[1:5], procs(400, 10, cpu=30), procs(402, 10, cpu=30)],
+            402,
+            Verdict.UNKNOWN,
+            id="agent started long after the last line: not watched long enough to call a stall",
+        ),
+    ],
+)
+def test_judge(observations, now, want):
+    assert judge(fold(observations), now, LIMITS) is want
+
+
+def test_phases_follow_the_markers_and_never_go_back():
+    state = fold(TO_COMPILE)
+    assert state.phase is Phase.COMPILING
+    late_rank = line(23, "(Worker_TP3 pid=14) INFO 10-21 09:12:24 [gpu_model_runner.py:2653] Model loading took 15.27 GiB and 14.02 seconds")
+    assert advance(state, late_rank, VLLM, LIMITS).phase is Phase.COMPILING
+    assert state.info["model"] == "Qwen/Qwen3-8B"
+    assert state.values["model_weights_bytes"] == pytest.approx(15.27 * GiB)
+
+
+def test_each_phase_duration_is_observed_once_per_attempt():
+    state = fold([*TO_COMPILE, line(60, "INFO:     Application startup complete.")])
+    assert state.phase is Phase.READY
+    assert judge(state, 10_000, LIMITS) is Verdict.READY
+    assert state.phase_durations[Phase.LOADING_WEIGHTS].count == 1
+    assert state.last_phase_durations[Phase.LOADING_WEIGHTS] == pytest.approx(16)
+    assert state.last_phase_durations[Phase.COMPILING] == pytest.approx(39)
+    assert Phase.READY not in state.phase_durations
+    assert state.startups == {Outcome.READY: 1}
+    assert state.startup_durations[Outcome.READY].total == pytest.approx(60)
+
+
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.25 GiB is free."
+
+
+@pytest.mark.parametrize(
+    ("tail", "phase", "reason", "outcome"),
+    [
+        pytest.param(
+            [line(30, "Traceback (most recent call last):"), line(30, OOM), procs(31)],
+            Phase.COMPILING, Reason.CUDA_OOM, Outcome.FAILED,
+            id="CUDA OOM traceback then the processes exit",
+        ),
+        pytest.param(
+            [line(30, "ERROR 10-21 09:12:34 [core.py:708] EngineCore failed to start."), line(30, OOM), procs(31)],
+            Phase.COMPILING, Reason.CUDA_OOM, Outcome.FAILED,
+            id="the specific root cause wins over the generic one printed first",
+        ),
+        pytest.param(
+            [line(30, "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")],
+            Phase.COMPILING, Reason.ENGINE_INIT, Outcome.FAILED,
+            id="a fatal marker fails the attempt before the processes exit",
+        ),
+        pytest.param([procs(31)], Phase.COMPILING, Reason.EXITED, Outcome.FAILED, id="processes gone before ready, no word why"),
+        pytest.param(
+            [pid1(30, Event.OOM_KILLED), pid1(30, Event.EXITED, "killed/9/KILL"), pid1(30, Event.FAILED, "oom-kill")],
+            Phase.COMPILING, Reason.HOST_OOM_KILLED, Outcome.FAILED,
+            id="PID 1: OOM killer, then killed by SIGKILL",
+        ),
+        pytest.param(
+            [pid1(30, Event.EXITED, "dumped/11/SEGV")],
+            Phase.COMPILING, Reason.CRASHED, Outcome.FAILED, id="PID 1: core dump",
+        ),
+        pytest.param(
+            [pid1(30, Event.STOPPING), pid1(31, Event.EXITED, "killed/15/TERM"), procs(32)],
+            None, None, Outcome.STOPPED, id="an operator stopped it: no failure",
+        ),
+    ],
+)
+def test_failures(tail, phase, reason, outcome):
+    state = fold([*TO_COMPILE, *tail])
+    assert state.attempt.outcome is outcome
+    if reason is None:
+        assert state.failures == {}
+        assert state.phase is Phase.INACTIVE
+        assert judge(state, 40, LIMITS) is Verdict.INACTIVE
+    else:
+        assert state.failures == {(phase, reason): 1}
+        assert state.phase is Phase.FAILED
+        assert judge(state, 40, LIMITS) is Verdict.FAILED
+    assert state.startups == {outcome: 1}
+
+
+def test_a_late_line_of_an_ended_attempt_starts_nothing():
+    state = fold([*TO_COMPILE, procs(31), line(30.5, "RuntimeError: CUDA error: an illegal memory access", inv="a")])
+    assert state.phase is Phase.FAILED
+    assert state.startups == {Outcome.FAILED: 1}
+
+
+def test_restart_with_a_new_invocation_is_a_new_attempt():
+    state = fold([*TO_COMPILE, line(40, "INFO 10-21 09:13:04 [api_server.py:1839] vLLM API server version 0.11.0", inv="b")])
+    assert state.attempt.started == 40
+    assert state.attempt.invocation == "b"
+    assert state.phase is Phase.LAUNCHING
+    assert state.failures == {(Phase.COMPILING, Reason.EXITED): 1}
+    assert state.values == {}
+
+
+def test_processes_replaced_between_two_samples_is_a_new_attempt():
+    state = fold([*TO_COMPILE, procs(24, 20, cpu=1, started=23.5)])
+    assert state.attempt.started == 23.5
+    assert state.startups == {Outcome.FAILED: 1}
+
+
+def test_workers_coming_and_going_is_the_same_attempt_and_counts_as_movement():
+    state = fold([*TO_COMPILE, procs(24, 10, 11, cpu=30), procs(26, 10, cpu=30)])
+    assert state.attempt.started == 0
+    assert state.moved[Signal.PROCESSES] == 26
+
+
+def test_pid1_started_then_processes_begin_one_attempt():
+    state = fold([pid1(1, Event.STARTED), procs(2, 10, started=1.1), line(3, "vLLM API server version 0.11.0")])
+    assert state.attempt.started == 1
+    assert state.phase is Phase.LAUNCHING
+
+
+def test_counters_survive_a_recreated_cgroup():
+    state = fold([procs(0, 10, cpu=100, io=1000), procs(2, 10, cpu=120, io=3000), procs(4, 10, cpu=5, io=500)])
+    assert state.cpu_total == pytest.approx(25)
+    assert state.read_total == 2500
+
+
+def test_ready_then_stopped_counts_no_failure():
+    state = fold([*TO_COMPILE, line(60, "INFO:     Application startup complete."), procs(70)])
+    assert state.failures == {}
+    assert state.phase is Phase.INACTIVE
+    assert state.startups == {Outcome.READY: 1}
+
+
+def test_a_warning_before_ready_does_not_explain_a_later_exit():
+    state = fold([*TO_COMPILE, line(30, "NCCL WARN Call to ibv_reg_mr failed"), line(60, "INFO:     Application startup complete."), procs(70)])
+    assert state.failures == {}
