@@ -1,0 +1,138 @@
+"""The one impure loop: pull from the sources, advance the core, judge, publish a Snapshot."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Iterable
+
+from exporter import grammar
+from exporter.config import Config
+from exporter.grammar import Grammar
+from exporter.model import GpuSample, Observation, Snapshot, UnitState, UnitView, frozen_map
+from exporter.sources.gpu import GpuSource, by_unit
+from exporter.sources.journal import JournalSource
+from exporter.sources.processes import ProcessSource
+from exporter.sources.status import SourceStatus
+from exporter.tracker import advance, judge
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ENGINE = "vllm"
+DISCOVER_EVERY = 10.0  # seconds between scans of the cgroup tree for model-server units
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        journal: JournalSource,
+        processes: ProcessSource,
+        gpu: GpuSource | None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.limits = config.limits
+        self.journal, self.processes, self.gpu = journal, processes, gpu
+        self._clock, self._wall = clock, wall
+        self.grammars: dict[str, Grammar] = {e: grammar.load(e) for e in grammar.ENGINES}
+        self.engines: dict[str, str | None] = dict(config.units)  # None: detect from the command line
+        self.states: dict[str, UnitState] = {}
+        self.processes_status = SourceStatus("processes", logger, wall)
+        self._discovered_at: float | None = None
+        self._gpu_seen: float | None = None
+        self.snapshot = Snapshot(t=clock(), wall_offset=wall() - clock())
+
+    def engine(self, unit: str) -> str:
+        return self.engines.get(unit) or DEFAULT_ENGINE
+
+    def tick(self) -> Snapshot:
+        """One round: sample, fold in time order, judge every unit, publish."""
+        t = self._clock()
+        offset = self._wall() - t
+        if self._discovered_at is None or t - self._discovered_at >= DISCOVER_EVERY:
+            self._discover()
+            self._discovered_at = t
+        units = sorted(self.engines)
+        self.journal.watch(units)
+        # Samples first, journal second: a line written before the sample is then read in this round.
+        samples = self._sample(units, t, offset)
+        # A unit's process side waits until its earlier lines are read, so the fold stays in time
+        # order; asked before draining, so that those lines are surely in this round's drain.
+        history_read = frozenset(units) if self.journal.status.failing else self.journal.ready_units
+        observations: list[Observation] = [*self.journal.drain()]
+        observations += [s for u, s in samples.items() if u in history_read]
+        observations += self._gpu_samples(samples, history_read)
+        observations.sort(key=lambda o: o.t)
+        for obs in observations:
+            before = self.states.get(obs.unit) or UnitState(obs.unit, self.engine(obs.unit))
+            self.states[obs.unit] = advance(before, obs, self.grammars[self.engine(obs.unit)], self.limits)
+        self.snapshot = self._publish(units, t, offset)
+        return self.snapshot
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick every sample interval until `stop` is set; a failing tick is logged, not fatal."""
+        while not stop.is_set():
+            started = self._clock()
+            try:
+                self.tick()
+            except Exception:  # the one broad catch: a bug in one round must not end the agent
+                logger.exception("agent round failed")
+            stop.wait(max(0.0, self.config.interval - (self._clock() - started)))
+
+    def _discover(self) -> None:
+        try:
+            found = self.processes.list_units()
+        except OSError as error:
+            self.processes_status.down(str(error))
+            return
+        grammars = tuple(self.grammars.values())
+        for unit, cmdlines in found.items():
+            engine = next((e for c in cmdlines if (e := grammar.detect(grammars, c))), None)
+            if unit in self.engines and self.engines[unit] is None and engine:
+                self.engines[unit] = engine
+                logger.info("unit=%s engine=%s detected from its command line", unit, engine)
+            elif unit not in self.engines and engine and not self.config.units:
+                self.engines[unit] = engine
+                logger.info("unit=%s engine=%s discovered", unit, engine)
+
+    def _sample(self, units: Iterable[str], t: float, offset: float) -> dict:  # type: ignore[type-arg]
+        try:
+            samples = self.processes.sample(units, t, offset)
+        except OSError as error:
+            self.processes_status.down(str(error))
+            return {}
+        self.processes_status.ok()
+        return samples
+
+    def _gpu_samples(self, samples: dict, ready: frozenset[str]) -> list[GpuSample]:  # type: ignore[type-arg]
+        reading = self.gpu.latest if self.gpu else None
+        if reading is None or reading.t == self._gpu_seen:
+            return []
+        self._gpu_seen = reading.t
+        pids = {u: frozenset(pid for pid, _ in s.ids) for u, s in samples.items() if u in ready}
+        return [GpuSample(reading.t, u, frozen_map(m)) for u, m in by_unit(reading, pids).items()]
+
+    def _publish(self, units: list[str], t: float, offset: float) -> Snapshot:
+        before = {view.state.unit: view for view in self.snapshot.units}
+        views = []
+        for unit in units:
+            state = self.states.setdefault(unit, UnitState(unit, self.engine(unit)))
+            view = UnitView(state, judge(state, t, self.limits))
+            old = before.get(unit)
+            if old is None or old.state.phase is not state.phase or old.verdict is not view.verdict:
+                logger.info("unit=%s phase=%s verdict=%s", unit, state.phase, view.verdict)
+            views.append(view)
+        sources = {"journal": self.journal.status.health, "processes": self.processes_status.health}
+        if self.gpu:
+            sources["gpu"] = self.gpu.status.health
+        reading = self.gpu.latest if self.gpu else None
+        return Snapshot(
+            t=t,
+            wall_offset=offset,
+            units=tuple(views),
+            sources=frozen_map(sources),
+            gpus=reading.devices if reading else (),
+        )

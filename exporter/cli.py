@@ -1,0 +1,126 @@
+"""Command line: argv → Config → sources, agent, registry and HTTP server; signals; logging."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Callable, Sequence
+
+from exporter import __version__
+from exporter.config import Config, parse_duration, parse_listen, parse_unit
+
+logger = logging.getLogger("llmstartup")
+
+
+def _typed(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """Wrap a parser so argparse reports its ValueError message as the flag's error."""
+
+    def convert(text: str) -> object:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def add_source_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags every command that reads a live host shares."""
+    parser.add_argument(
+        "--unit", action="append", default=[], type=_typed(parse_unit), metavar="NAME[=ENGINE]",
+        help="a unit to follow, optionally with its engine (vllm); repeat for more. "
+        "Default: discover model-server units from the processes in the cgroup tree",
+    )
+    parser.add_argument("--journal.namespace", dest="namespace", metavar="NS", help="read this journald namespace")
+    parser.add_argument("--journal.directory", dest="directory", type=Path, metavar="DIR", help="read journal files in DIR")
+    parser.add_argument("--sample.interval", dest="interval", type=_typed(parse_duration), default=2.0,
+                        metavar="DURATION", help="how often processes and GPUs are sampled (default 2s)")
+    parser.add_argument("--silence.threshold", dest="silence", type=_typed(parse_duration), default=60.0,
+                        metavar="DURATION", help="no log line for this long makes a unit silent (default 60s)")
+    parser.add_argument("--stall.threshold", dest="stall", type=_typed(parse_duration), default=300.0,
+                        metavar="DURATION", help="nothing moving for this long makes a unit stalled (default 5m)")
+    parser.add_argument("--collector.gpu", dest="gpu", action=argparse.BooleanOptionalAction, default=True,
+                        help="sample GPU memory through NVML (default on; harmless without a GPU)")
+    parser.add_argument("--path.cgroupfs", dest="cgroup_root", type=Path, metavar="DIR",
+                        help="the cgroup v2 mount (default: found in /proc/self/mountinfo)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llmstartup",
+        description="Follow LLM model-server units through startup and tell a hang from silent work.",
+    )
+    parser.add_argument("--version", action="version", version=f"llmstartup {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = commands.add_parser("serve", help="run the agent and serve /metrics",
+                                description="Run the agent: follow units and serve /metrics.")
+    add_source_flags(serve)
+    serve.add_argument("--web.listen-address", dest="listen", type=_typed(parse_listen), default=("127.0.0.1", 9847),
+                       metavar="HOST:PORT", help="where to serve /metrics (default 127.0.0.1:9847, loopback only)")
+    serve.add_argument("--state.path", dest="state_path", type=Path, metavar="FILE",
+                       help="history database (accepted; history is not kept yet)")
+    serve.add_argument("--log.level", dest="log_level", default="info",
+                       choices=["debug", "info", "warning", "error"], help="default info")
+
+    demo = commands.add_parser("demo", help="watch a scripted vLLM startup in a private journal (root)",
+                               description="Start a private journald namespace, a demo unit printing a real-format "
+                               "vLLM startup, and the agent; show phase and verdict live. Ctrl-C stops it all.")
+    demo.add_argument("--web.listen-address", dest="listen", type=_typed(parse_listen), default=("127.0.0.1", 9847),
+                      metavar="HOST:PORT", help="where to serve /metrics while the demo runs")
+    return parser
+
+
+def config_from(args: argparse.Namespace) -> Config:
+    return Config(
+        units=tuple(args.unit),
+        namespace=args.namespace,
+        directory=args.directory,
+        listen=args.listen,
+        interval=args.interval,
+        silence=args.silence,
+        stall=args.stall,
+        state_path=getattr(args, "state_path", None),
+        gpu=args.gpu,
+        cgroup_root=args.cgroup_root,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(args, "log_level", "info").upper(),
+        format="level=%(levelname)s logger=%(name)s msg=%(message)s",
+        stream=sys.stderr,
+    )
+    if args.command == "demo":
+        from exporter.demo.run import run_demo
+
+        return run_demo(args.listen)
+    return run_serve(config_from(args))
+
+
+def run_serve(config: Config, stop: threading.Event | None = None) -> int:
+    """Run the agent until SIGTERM/SIGINT (or `stop`); 0 on a clean stop, 1 when it cannot start."""
+    from exporter.runtime import Runtime, StartError
+
+    stop = stop or threading.Event()
+    try:
+        runtime = Runtime.start(config)
+    except StartError as error:
+        logger.error("%s", error)
+        return 1
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    logger.info("serving on http://%s:%d/metrics", *config.listen)
+    try:
+        runtime.agent.run(stop)
+    finally:
+        runtime.close()
+    return 0

@@ -1,0 +1,131 @@
+"""Snapshot → Prometheus metric families, on each scrape; no I/O, no waiting.
+
+Example of what it renders for one unit (abridged):
+
+    llmstartup_unit_phase{phase="compiling",unit="vllm-glm5.service"} 1.0
+    llmstartup_unit_verdict{unit="vllm-glm5.service",verdict="silent_progress"} 1.0
+    llmstartup_last_progress_timestamp_seconds{signal="cpu",unit="vllm-glm5.service"} 1.79e+09
+    llmstartup_phase_duration_seconds_bucket{le="600.0",phase="loading_weights",unit="vllm-glm5.service"} 1.0
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from exporter import __version__
+from exporter.grammar import VALUES
+from exporter.model import STARTUP_ORDER, Histogram, Outcome, Phase, ProcessState, Signal, Snapshot, Verdict
+
+NS = "llmstartup"
+# The sources sample on their own cadence and a scrape renders their latest snapshot, so that a hung
+# GPU cannot hang a scrape (DESIGN.md); the HELP texts say so, as writing_exporters.md asks.
+CACHED = " Sampled by the agent every --sample.interval, not at scrape time."
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{NS}_{name}", doc, labels=labels)
+
+
+def _buckets(hist: Histogram) -> list[tuple[str, float]]:
+    return [(repr(b), c) for b, c in zip(hist.bounds, hist.counts)] + [("+Inf", hist.count)]
+
+
+class SnapshotCollector(Collector):
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        wall = snap.wall_offset
+
+        build = _gauge("build_info", "Version of the llmstartup exporter.", ["version"])
+        build.add_metric([__version__], 1)
+        yield build
+
+        info = _gauge("unit_info", "The model server a unit runs.", ["unit", "engine", "engine_version", "model"])
+        phase = _gauge("unit_phase", "Startup phase of the unit: 1 for the current one." + CACHED, ["unit", "phase"])
+        verdict = _gauge("unit_verdict", "Is the unit progressing, silently progressing, stalled…: 1 for the current one." + CACHED, ["unit", "verdict"])
+        startup_start = _gauge("startup_start_timestamp_seconds", "When the unit's current or last start began.", ["unit"])
+        phase_start = _gauge("phase_start_timestamp_seconds", "When the unit entered its current phase.", ["unit"])
+        ready_at = _gauge("ready_timestamp_seconds", "When the unit's current start became ready.", ["unit"])
+        last_log = _gauge("last_log_timestamp_seconds", "When the unit last wrote a journal line.", ["unit"])
+        progress = _gauge("last_progress_timestamp_seconds", "When each liveness signal of the unit last moved past its floor.", ["unit", "signal"])
+        cpu = CounterMetricFamily(f"{NS}_process_cpu_seconds_total", "CPU time of the unit's processes, exited children included." + CACHED, labels=["unit"])
+        read = CounterMetricFamily(f"{NS}_process_read_bytes_total", "Bytes the unit's processes read (rchar: disk, pipes and network)." + CACHED, labels=["unit"])
+        written = CounterMetricFamily(f"{NS}_process_written_bytes_total", "Bytes the unit's processes wrote (wchar)." + CACHED, labels=["unit"])
+        rss = _gauge("process_resident_memory_bytes", "Resident memory of the unit's processes, summed." + CACHED, ["unit"])
+        processes = _gauge("processes", "The unit's processes by state." + CACHED, ["unit", "state"])
+        gpu_memory = _gauge("gpu_memory_used_bytes", "GPU memory the unit's processes use on each GPU." + CACHED, ["unit", "gpu"])
+        startups = CounterMetricFamily(f"{NS}_startups_total", "Starts of the unit by how they ended.", labels=["unit", "outcome"])
+        failures = CounterMetricFamily(f"{NS}_failures_total", "Failures of the unit by the phase they happened in and why.", labels=["unit", "phase", "reason"])
+        phase_hist = HistogramMetricFamily(f"{NS}_phase_duration_seconds", "How long each startup phase took, once per start.", labels=["unit", "phase"])
+        startup_hist = HistogramMetricFamily(f"{NS}_startup_duration_seconds", "How long starts took, to ready, failure or stop.", labels=["unit", "outcome"])
+        last_phase = _gauge("last_phase_duration_seconds", "How long each phase took the last time the unit passed through it.", ["unit", "phase"])
+        values = {name: _gauge(name, doc, ["unit"]) for name, doc in VALUES.items()}
+
+        for view in snap.units:
+            state, unit = view.state, view.state.unit
+            info.add_metric([unit, state.engine, state.info.get("engine_version", ""), state.info.get("model", "")], 1)
+            for p in Phase:
+                phase.add_metric([unit, p], float(p is state.phase))
+            for v in Verdict:
+                verdict.add_metric([unit, v], float(v is view.verdict))
+            if attempt := state.attempt:
+                startup_start.add_metric([unit], attempt.started + wall)
+                phase_start.add_metric([unit], attempt.phase_since + wall)
+                if attempt.ready_at is not None:
+                    ready_at.add_metric([unit], attempt.ready_at + wall)
+            if state.last_log is not None:
+                last_log.add_metric([unit], state.last_log + wall)
+            for signal in Signal:
+                if signal in state.moved:
+                    progress.add_metric([unit, signal], state.moved[signal] + wall)
+            cpu.add_metric([unit], state.cpu_total)
+            read.add_metric([unit], state.read_total)
+            written.add_metric([unit], state.written_total)
+            sample = state.last_process
+            rss.add_metric([unit], sample.rss_bytes if sample else 0)
+            for s in ProcessState:
+                processes.add_metric([unit, s], sample.states.get(s, 0) if sample else 0)
+            if state.last_gpu:
+                for gpu, used in sorted(state.last_gpu.memory.items()):
+                    if used is not None:  # unknown is no series, never a 0
+                        gpu_memory.add_metric([unit, gpu], used)
+            for outcome in Outcome:
+                startups.add_metric([unit, outcome], state.startups.get(outcome, 0))
+            for (failed_phase, reason), n in sorted(state.failures.items()):
+                failures.add_metric([unit, failed_phase, reason], n)
+            for p in STARTUP_ORDER:
+                if hist := state.phase_durations.get(p):
+                    phase_hist.add_metric([unit, p], _buckets(hist), hist.total)
+                if p in state.last_phase_durations:
+                    last_phase.add_metric([unit, p], state.last_phase_durations[p])
+            for outcome, hist in sorted(state.startup_durations.items()):
+                startup_hist.add_metric([unit, outcome], _buckets(hist), hist.total)
+            for name, value in state.values.items():
+                values[name].add_metric([unit], value)
+
+        yield from (info, phase, verdict, startup_start, phase_start, ready_at, last_log, progress)
+        yield from (cpu, read, written, rss, processes, gpu_memory, startups, failures)
+        yield from (phase_hist, startup_hist, last_phase, *values.values())
+
+        gpu_info = _gauge("gpu_info", "A GPU the agent sees, by index, with its UUID and name.", ["gpu", "uuid", "name"])
+        for index, uuid, name in snap.gpus:
+            gpu_info.add_metric([index, uuid, name], 1)
+        yield gpu_info
+
+        up = _gauge("source_up", "Whether the source's last attempt worked.", ["source"])
+        success = _gauge("source_last_success_timestamp_seconds", "When the source last worked.", ["source"])
+        for source, health in sorted(snap.sources.items()):
+            up.add_metric([source], float(health.up))
+            if health.last_success is not None:
+                success.add_metric([source], health.last_success)
+        yield from (up, success)

@@ -1,0 +1,65 @@
+"""The agent's settings as one frozen value, and the parsing of durations and unit flags; pure."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.model import Limits
+
+DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+UNIT_NAME = re.compile(r"[\w@:.\\-]+")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a Prometheus duration (`90s`, `5m`, `1h30m`, `500ms`) or plain seconds (`2.5`)."""
+    text = text.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        parts = DURATION.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 5m, 1h30m or plain seconds") from None
+        seconds = sum(float(n) * SECONDS[u] for n, u in parts)
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"{text!r}: a duration must be more than zero")
+    return seconds
+
+
+def parse_unit(text: str) -> tuple[str, str | None]:
+    """`NAME[=ENGINE]` → (NAME with `.service` added when it has no suffix, ENGINE or None)."""
+    name, _, engine = text.partition("=")
+    if not UNIT_NAME.fullmatch(name):
+        raise ValueError(f"{text!r} is not a unit name")
+    if "." not in name:
+        name += ".service"
+    return name, engine or None
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[IPv6]:PORT` → (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    units: tuple[tuple[str, str | None], ...] = ()  # empty: discover model-server units
+    namespace: str | None = None
+    directory: Path | None = None
+    listen: tuple[str, int] = ("127.0.0.1", 9847)
+    interval: float = 2.0
+    silence: float = 60.0
+    stall: float = 300.0
+    state_path: Path | None = None
+    gpu: bool = True
+    cgroup_root: Path | None = None  # None: found from /proc/self/mountinfo
+
+    @property
+    def limits(self) -> Limits:
+        # Three missed samples make evidence stale: one late sample is jitter, three is a failing source.
+        return Limits(silence=self.silence, stall=self.stall, stale=3 * self.interval + 1, gpu=self.gpu)

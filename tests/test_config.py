@@ -1,0 +1,58 @@
+"""Durations, unit names and listen addresses: what the flags accept and what they refuse."""
+
+import pytest
+
+from exporter.config import parse_duration, parse_listen, parse_unit
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        pytest.param("90s", 90, id="seconds"),
+        pytest.param("5m", 300, id="minutes"),
+        pytest.param("1h30m", 5400, id="compound"),
+        pytest.param("500ms", 0.5, id="milliseconds"),
+        pytest.param("2.5", 2.5, id="plain seconds"),
+        pytest.param("1.5m", 90, id="fractional minutes"),
+    ],
+)
+def test_duration(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5 minutes", "m5", "5x", "-1s", "0", "1h 30m", "inf", "nan"])
+def test_bad_duration(text):
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("vllm", ("vllm.service", None)),
+        ("vllm-glm5.service=vllm", ("vllm-glm5.service", "vllm")),
+        ("llama@1.service", ("llama@1.service", None)),
+    ],
+)
+def test_unit(text, want):
+    assert parse_unit(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "a b", "x/y", "=vllm"])
+def test_bad_unit(text):
+    with pytest.raises(ValueError, match="not a unit name"):
+        parse_unit(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("127.0.0.1:9847", ("127.0.0.1", 9847)), ("[::1]:80", ("::1", 80)), (":9847", ("0.0.0.0", 9847))],
+)
+def test_listen(text, want):
+    assert parse_listen(text) == want
+
+
+@pytest.mark.parametrize("text", ["9847", "host:", "host:0", "host:70000", "host:http"])
+def test_bad_listen(text):
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_listen(text)

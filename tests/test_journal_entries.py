@@ -1,0 +1,71 @@
+"""Journal entries → observations: which lines count, whose word is trusted, how bytes are read."""
+
+import pytest
+
+from exporter.model import Event, Lifecycle, LogLine
+from exporter.sources.journal import to_observations
+
+U = "vllm.service"
+UNITS = frozenset({U})
+STARTED = "39f53479d3a045ac8e11786248231fbf"
+EXITED = "98e322203f7a4ed290d09fe03c09fe15"
+FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
+
+
+@pytest.mark.parametrize(
+    ("fields", "want"),
+    [
+        pytest.param(
+            {"_SYSTEMD_UNIT": b"vllm.service", "MESSAGE": b"INFO hello", "_SYSTEMD_INVOCATION_ID": b"ab12"},
+            [LogLine(5.0, U, "INFO hello", "ab12")],
+            id="the unit's own line",
+        ),
+        pytest.param({"_SYSTEMD_UNIT": b"other.service", "MESSAGE": b"x"}, [], id="another unit's line"),
+        pytest.param(
+            {"_SYSTEMD_UNIT": U, "MESSAGE": b"\x1b[1;36m(EngineCore_DP0 pid=9)\x1b[0m bad \xff byte"},
+            [LogLine(5.0, U, "(EngineCore_DP0 pid=9) bad \ufffd byte")],
+            id="binary message: colour stripped, invalid UTF-8 replaced",
+        ),
+        pytest.param(
+            {"_SYSTEMD_UNIT": U, "MESSAGE": b"Capturing: 0%|  | 0/3\rCapturing: 67%|# | 2/3\rCapturing: 100%|##| 3/3"},
+            [LogLine(5.0, U, f"Capturing: {p}") for p in ("0%|  | 0/3", "67%|# | 2/3", "100%|##| 3/3")],
+            id="a \\r progress bar becomes one record per redraw",
+        ),
+        pytest.param({"_SYSTEMD_UNIT": U, "MESSAGE": b"\r\r  \r"}, [], id="only carriage returns: nothing"),
+        pytest.param(
+            {"_PID": b"1", "UNIT": U, "MESSAGE_ID": STARTED, "MESSAGE": b"Started vllm.service - vLLM.", "INVOCATION_ID": b"cd34"},
+            [Lifecycle(5.0, U, Event.STARTED, "", "cd34")],
+            id="PID 1 started the unit",
+        ),
+        pytest.param(
+            {"_PID": b"1", "UNIT": U, "MESSAGE_ID": EXITED,
+             "MESSAGE": b"vllm.service: Main process exited, code=killed, status=9/KILL"},
+            [Lifecycle(5.0, U, Event.EXITED, "killed/9/KILL")],
+            id="PID 1: main process killed",
+        ),
+        pytest.param(
+            {"_PID": b"1", "UNIT": U, "MESSAGE_ID": FAILED, "UNIT_RESULT": b"oom-kill",
+             "MESSAGE": b"vllm.service: Failed with result 'oom-kill'."},
+            [Lifecycle(5.0, U, Event.FAILED, "oom-kill")],
+            id="PID 1: failed with a result",
+        ),
+        pytest.param(
+            {"_PID": b"4242", "UNIT": U, "MESSAGE_ID": STARTED, "MESSAGE": b"Started vllm.service."},
+            [],
+            id="a local user faking PID 1's lifecycle line is ignored",
+        ),
+        pytest.param(
+            {"_PID": b"1", "UNIT": U, "MESSAGE_ID": b"7d4958e842da4a758f6c1cdc7b36dcc5", "MESSAGE": b"Starting vllm.service..."},
+            [],
+            id="lifecycle lines that change nothing are skipped",
+        ),
+        pytest.param({"_PID": b"1", "UNIT": b"sshd.service", "MESSAGE_ID": STARTED}, [], id="PID 1 about an unwatched unit"),
+    ],
+)
+def test_to_observations(fields, want):
+    assert to_observations(fields, 5.0, UNITS) == want
+
+
+def test_a_huge_line_is_cut_before_matching():
+    [line] = to_observations({"_SYSTEMD_UNIT": U, "MESSAGE": b"x" * (1 << 20)}, 1.0, UNITS)
+    assert len(line.text) == 4096
