@@ -1,0 +1,57 @@
+"""Helpers for tests that run the agent: free ports, scraping /metrics, waiting with a deadline."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+from typing import Callable, TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fetch(port: int, path: str = "/metrics") -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        return response.read().decode()
+
+
+class Scrape:
+    """One exposition, looked up by metric name and labels."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+    def value(self, name: str, **labels: str) -> float | None:
+        for s in self.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+        return None
+
+    def all(self, name: str, **labels: str) -> list:
+        return [s for s in self.samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+    def one_of(self, family: str, unit: str, label: str) -> str | None:
+        """The label value of the series set to 1 (phase or verdict) for a unit."""
+        on = [s.labels[label] for s in self.all(f"llmstartup_{family}", unit=unit) if s.value == 1]
+        return on[0] if len(on) == 1 else None
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.2) -> T:
+    """Poll `check` until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
