@@ -58,7 +58,7 @@ class Agent:
         units = sorted(self.engines)
         self.journal.watch(units)
         # Samples first, journal second: a line written before the sample is then read in this round.
-        samples = self._sample(units, t, offset)
+        samples = self._sample(units, t)
         # A unit's process side waits until its earlier lines are read, so the fold stays in time
         # order; asked before draining, so that those lines are surely in this round's drain.
         history_read = frozenset(units) if self.journal.status.failing else self.journal.ready_units
@@ -98,9 +98,9 @@ class Agent:
                 self.engines[unit] = engine
                 logger.info("unit=%s engine=%s discovered", unit, engine)
 
-    def _sample(self, units: Iterable[str], t: float, offset: float) -> dict:  # type: ignore[type-arg]
+    def _sample(self, units: Iterable[str], t: float) -> dict:  # type: ignore[type-arg]
         try:
-            samples = self.processes.sample(units, t, offset)
+            samples = self.processes.sample(units, t)
         except OSError as error:
             self.processes_status.down(str(error))
             return {}

@@ -1,0 +1,152 @@
+"""End to end: `llmstartup serve` following scripted vLLM units in a real journald namespace.
+
+Three units under one agent, as the operator story has them: one reaches ready after a silent
+torch.compile that burns CPU in child processes, one hangs idle after announcing torch.compile,
+one dies of a CUDA OOM. The agent is the real command, scraped over HTTP.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.scrape import Scrape, fetch, free_port, wait_for
+
+STALL, INTERVAL = 8.0, 1.0
+
+LOAD = [
+    {"log": "vLLM API server version 0.11.0"},
+    {"log": "Initializing a V1 LLM engine (v0.11.0) with config: model='Qwen/Qwen3-8B', speculative_config=None"},
+    {"log": "Starting to load model Qwen/Qwen3-8B..."},
+    {"log": "Model loading took 15.27 GiB and 2.10 seconds"},
+    {"log": "Using cache directory: /root/.cache/vllm/torch_compile_cache/7522dc03ce/rank_0_0/backbone for vLLM's torch.compile"},
+]
+READY_AFTER_SILENT_COMPILE = [
+    *LOAD,
+    {"burn": 12, "workers": 2},
+    {"log": "torch.compile takes 12.40 s in total"},
+    {"log": "GPU KV cache size: 412,336 tokens"},
+    {"bar": "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", "steps": 10, "seconds": 1},
+    {"log": "Graph capturing finished in 1 secs, took 0.52 GiB"},
+    {"raw": "INFO:     Application startup complete."},
+    {"hang": True},
+]
+HANG_AFTER_COMPILE = [*LOAD, {"hang": True}]
+CUDA_OOM = [
+    *LOAD,
+    {"traceback": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.25 GiB is free."},
+    {"exit": 1},
+]
+
+
+@pytest.fixture
+def agent(journald, tmp_path):
+    """Start `llmstartup serve` on given units; stopped with SIGTERM at teardown."""
+    started = []
+
+    def start(*units: str) -> int:
+        port = free_port()
+        argv = [sys.executable, "-m", "exporter", "serve", "--journal.namespace", journald.namespace,
+                "--web.listen-address", f"127.0.0.1:{port}", "--sample.interval", f"{INTERVAL:g}s",
+                "--silence.threshold", "4s", "--stall.threshold", f"{STALL:g}s", "--no-collector.gpu",
+                "--state.path", str(tmp_path / "state.db")]
+        for unit in units:
+            argv += ["--unit", unit]
+        process = subprocess.Popen(argv, stderr=open(tmp_path / "agent.log", "w"))
+        started.append(process)
+        wait_for(lambda: _try_fetch(port), 15, "the agent to serve /metrics")
+        return port
+
+    yield start
+    for process in started:
+        process.terminate()
+        assert process.wait(timeout=10) == 0, "the agent did not stop cleanly on SIGTERM"
+
+
+def _try_fetch(port: int) -> str | None:
+    try:
+        return fetch(port)
+    except OSError:
+        return None
+
+
+def _said(text: str):
+    def check(entries: list) -> bool:
+        return any(text in str(e.get("MESSAGE", "")) for e in entries)
+
+    return check
+
+
+def test_three_units_under_one_agent(agent, units, journal_records):
+    ready = units("ready", READY_AFTER_SILENT_COMPILE)
+    journal_records(ready, until=_said("for vLLM's torch.compile"), timeout=20)
+
+    # Started mid-startup, the agent knows the phase at once from the unit's earlier lines.
+    hang_name, oom_name = ready.name.replace("ready", "hang"), ready.name.replace("ready", "oom")
+    port = agent(ready.name, hang_name, oom_name)
+    seen: list[tuple[float, Scrape]] = []
+
+    def scrape() -> Scrape:
+        s = Scrape(fetch(port))
+        seen.append((time.monotonic(), s))
+        return s
+
+    first = wait_for(lambda: (s := scrape()).one_of("unit_phase", ready.name, "phase") != "inactive" and s, 10,
+                     "the first phase of the unit started before the agent")
+    assert first.one_of("unit_phase", ready.name, "phase") == "compiling"
+
+    # The other two start after the agent.
+    hang = units("hang", HANG_AFTER_COMPILE)
+    oom = units("oom", CUDA_OOM)
+    assert (hang.name, oom.name) == (hang_name, oom_name)
+
+    final = wait_for(
+        lambda: (s := scrape()).one_of("unit_verdict", ready.name, "verdict") == "ready"
+        and s.one_of("unit_verdict", hang.name, "verdict") == "stalled"
+        and s.one_of("unit_verdict", oom.name, "verdict") == "failed"
+        and s,
+        60,
+        "ready, stalled and failed",
+    )
+
+    # Every phase and verdict series is present for each unit, and exactly one of each is 1.
+    for unit in (ready.name, hang.name, oom.name):
+        assert len(final.all("llmstartup_unit_phase", unit=unit)) == 14
+        assert len(final.all("llmstartup_unit_verdict", unit=unit)) == 7
+        assert final.one_of("unit_phase", unit, "phase") and final.one_of("unit_verdict", unit, "verdict")
+
+    # The silent compile was seen as silent progress, and never as stalled.
+    ready_verdicts = [s.one_of("unit_verdict", ready.name, "verdict") for _, s in seen]
+    assert "silent_progress" in ready_verdicts
+    assert "stalled" not in ready_verdicts
+    assert final.value("llmstartup_startups_total", unit=ready.name, outcome="ready") == 1
+    for phase in ("loading_weights", "compiling", "profiling", "allocating_kv_cache", "capturing_graphs"):
+        assert final.value("llmstartup_phase_duration_seconds_count", unit=ready.name, phase=phase) == 1, phase
+    compiling = final.value("llmstartup_last_phase_duration_seconds", unit=ready.name, phase="compiling")
+    assert compiling >= 12, "compile burned 12 s of CPU"
+    assert final.value("llmstartup_model_weights_bytes", unit=ready.name) == pytest.approx(15.27 * 2**30)
+    assert final.value("llmstartup_kv_cache_tokens", unit=ready.name) == 412336
+    assert final.value("llmstartup_process_cpu_seconds_total", unit=ready.name) >= 10
+
+    # The hang is judged stalled within the stall threshold plus two sample intervals of its last line.
+    last_line = final.value("llmstartup_last_log_timestamp_seconds", unit=hang.name)
+    stalled_at = next(t for t, s in seen if s.one_of("unit_verdict", hang.name, "verdict") == "stalled")
+    offset = time.time() - time.monotonic()
+    assert stalled_at + offset - last_line <= STALL + 2 * INTERVAL + 0.5  # + one scrape poll
+    assert final.one_of("unit_phase", hang.name, "phase") == "compiling"
+
+    # The OOM: failed in the phase it was in, for the reason it printed.
+    assert final.value("llmstartup_failures_total", unit=oom.name, phase="compiling", reason="cuda_oom") == 1
+    assert final.value("llmstartup_startups_total", unit=oom.name, outcome="failed") == 1
+    assert final.value("llmstartup_startup_duration_seconds_count", unit=oom.name, outcome="failed") == 1
+
+    assert final.value("llmstartup_source_up", source="journal") == 1
+    assert final.value("llmstartup_source_up", source="processes") == 1
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by .ci/setup (Debian package prometheus)"
+    lint = subprocess.run([promtool, "check", "metrics"], input=final.text, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
