@@ -9,6 +9,28 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 MAX_RECORD = 4096
 
 
+# tqdm's "[elapsed<remaining" field: when a bar redrawn with \r reaches the journal in one burst at
+# its end, each redraw's elapsed time says how long before the burst it was really drawn.
+TQDM_ELAPSED = re.compile(r"\[(?:(\d+):)?(\d\d):(\d\d)<")
+
+
+def redraw_ages(records: list[str]) -> list[float]:
+    """For each record, how many seconds before the last one it was drawn (0 when it cannot tell)."""
+    elapsed = [_elapsed(r) for r in records]
+    last = next((e for e in reversed(elapsed) if e is not None), None)
+    if last is None:
+        return [0.0] * len(records)
+    return [max(0.0, last - e) if e is not None else 0.0 for e in elapsed]
+
+
+def _elapsed(record: str) -> float | None:
+    found = TQDM_ELAPSED.search(record)
+    if not found:
+        return None
+    hours, minutes, seconds = found.groups()
+    return int(hours or 0) * 3600 + int(minutes) * 60 + int(seconds)
+
+
 def clean_records(message: str | bytes) -> list[str]:
     """Decode, strip colour and split on carriage returns.
 

@@ -66,6 +66,13 @@ def test_to_observations(fields, want):
     assert to_observations(fields, 5.0, UNITS) == want
 
 
+def test_a_burst_of_bar_redraws_is_dated_back_to_when_each_was_drawn():
+    bar = "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): {p:3d}%|#| {n}/67 [{e}<00:00, 8.37it/s]"
+    message = "\r".join(bar.format(p=p, n=n, e=e) for p, n, e in [(0, 0, "00:00"), (49, 33, "00:04"), (100, 67, "01:08")])
+    lines = to_observations({"_SYSTEMD_UNIT": U, "MESSAGE": message.encode()}, 100.0, UNITS)
+    assert [line.t for line in lines] == [32.0, 36.0, 100.0]
+
+
 def test_a_huge_line_is_cut_before_matching():
     [line] = to_observations({"_SYSTEMD_UNIT": U, "MESSAGE": b"x" * (1 << 20)}, 1.0, UNITS)
     assert len(line.text) == 4096

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping
 
 from systemd import journal
 
-from exporter.lines import clean_records
+from exporter.lines import clean_records, redraw_ages
 from exporter.model import Event, Lifecycle, LogLine, Observation, frozen_map
 from exporter.sources.status import SourceStatus
 
@@ -65,8 +65,9 @@ def to_observations(
     unit = _text(fields.get("_SYSTEMD_UNIT"))
     if unit in units:
         invocation = _text(fields.get("_SYSTEMD_INVOCATION_ID"))
-        message = fields.get("MESSAGE", b"")
-        return [LogLine(t, unit, record, invocation) for record in clean_records(message)]
+        records = clean_records(fields.get("MESSAGE", b""))
+        # A \r bar arrives when it ends; date each redraw back to when it was drawn.
+        return [LogLine(t - age, unit, r, invocation) for r, age in zip(records, redraw_ages(records))]
     subject = _text(fields.get("UNIT"))
     if subject not in units or _text(fields.get("_PID")) != "1":
         return []

@@ -1,0 +1,91 @@
+"""Shared fixtures: a real private journald namespace, and scripted vLLM units logging into it."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from exporter.demo import sandbox
+
+
+@pytest.fixture(scope="session")
+def journald() -> Iterator[sandbox.Journald]:
+    """One `systemd-journald llmstartup-test-<random>` for the session; skipped where it cannot run."""
+    try:
+        sandbox.preflight()
+    except RuntimeError as err:
+        pytest.skip(f"no real journald sandbox on this machine: {err}")
+    with sandbox.Journald(f"llmstartup-test-{secrets.token_hex(4)}") as instance:
+        yield instance
+
+
+@pytest.fixture
+def units(journald: sandbox.Journald, tmp_path) -> Iterator[Callable[..., sandbox.Unit]]:
+    """`start(name_suffix, steps, env=None) -> Unit`: run exporter.demo.vllm_startup as a unit.
+
+    The unit is `test-<random>-<name_suffix>.service`, the random part fixed per test, so starting
+    the same suffix again (after stopping it) is a restart with a new invocation id. `steps` is a
+    scenario step list, or the name of a built-in scenario ("demo"). Every unit started is stopped
+    at teardown.
+    """
+    prefix = f"test-{secrets.token_hex(3)}"
+    started: list[sandbox.Unit] = []
+
+    def start(
+        name_suffix: str, steps: list[dict[str, Any]] | str, env: dict[str, str] | None = None
+    ) -> sandbox.Unit:
+        if isinstance(steps, str):
+            source = ["--scenario", steps]
+        else:
+            path = tmp_path / f"{name_suffix}-{len(started)}.json"
+            path.write_text(json.dumps(steps))
+            source = [str(path)]
+        argv = [sys.executable, "-m", "exporter.demo.vllm_startup", *source]
+        unit = sandbox.start_unit(journald, f"{prefix}-{name_suffix}.service", argv, env)
+        started.append(unit)
+        return unit
+
+    yield start
+    for unit in reversed(started):
+        unit.stop()
+
+
+def _message(entry: dict[str, Any]) -> str:
+    value = entry.get("MESSAGE", "")
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+@pytest.fixture
+def journal_records(journald: sandbox.Journald) -> Callable[..., list[dict[str, Any]]]:
+    """`records(unit, until, timeout=15.0) -> entries`: poll the journal for the unit's entries.
+
+    Returns every entry with `_SYSTEMD_UNIT=unit.name` (all invocations, oldest first) once
+    `until(entries)` is true; fails the test with the messages seen when the deadline passes.
+    """
+
+    def records(
+        unit: sandbox.Unit, until: Callable[[list[dict[str, Any]]], bool], timeout: float = 15.0
+    ) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            reader = journald.reader(_SYSTEMD_UNIT=unit.name)
+            try:
+                entries = list(reader)
+            finally:
+                reader.close()
+            if until(entries):
+                return entries
+            if time.monotonic() > deadline:
+                seen = "\n".join(repr(_message(e)[:200]) for e in entries[-20:])
+                pytest.fail(
+                    f"{unit.name}: the journal did not reach the expected state in {timeout} s; "
+                    f"last entries:\n{seen}"
+                )
+            time.sleep(0.05)
+
+    return records
