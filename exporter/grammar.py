@@ -70,25 +70,32 @@ def parse(engine: str, text: str) -> Grammar:
             engine=engine,
             commands=tuple(re.compile(c) for c in data.get("commands", [])),
             prefix=re.compile(prefix) if prefix else None,
-            rules=tuple(_rule(r) for r in data.get("rule", [])),
+            rules=tuple(_rule(n, r) for n, r in enumerate(data.get("rule", []), 1)),
         )
     except (tomllib.TOMLDecodeError, re.error, ValueError, KeyError) as error:
         raise GrammarError(f"grammar {engine}: {error}") from error
 
 
-def _rule(raw: Mapping[str, object]) -> Rule:
-    pattern = re.compile(str(raw["match"]))
+def _rule(number: int, raw: Mapping[str, object]) -> Rule:
+    where = f"rule {number} ({str(raw.get('match', ''))[:60]!r})"
+    if "match" not in raw:
+        raise ValueError(f"rule {number} has no `match`")
+    try:
+        pattern = re.compile(str(raw["match"]))
+        phase, reason = raw.get("phase"), raw.get("reason")
+        rule = Rule(
+            pattern=pattern,
+            phase=Phase(phase) if phase else None,
+            reason=Reason(reason) if reason else None,
+            fatal=bool(raw.get("fatal", False)),
+        )
+    except (re.error, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None
     for group in pattern.groupindex:
         name, _, unit = group.partition("__")
         if group not in INFO and (name not in VALUES or unit not in SCALES):
-            raise ValueError(f"rule {pattern.pattern!r}: group {group!r} is no known value")
-    phase, reason = raw.get("phase"), raw.get("reason")
-    return Rule(
-        pattern=pattern,
-        phase=Phase(phase) if phase else None,
-        reason=Reason(reason) if reason else None,
-        fatal=bool(raw.get("fatal", False)),
-    )
+            raise ValueError(f"{where}: group {group!r} is no known value")
+    return rule
 
 
 def load(engine: str) -> Grammar:

@@ -58,6 +58,7 @@ TO_COMPILE = [
     procs(0, 10, cpu=0),
     line(1, "INFO 10-21 09:12:04 [api_server.py:1839] vLLM API server version 0.11.0"),
     line(5, "(EngineCore_DP0 pid=11) INFO 10-21 09:12:09 [gpu_model_runner.py:2602] Starting to load model Qwen/Qwen3-8B..."),
+    line(6, "(EngineCore_DP0 pid=11) Loading safetensors checkpoint shards:   0% Completed | 0/5 [00:00<?, ?it/s]"),
     line(20, "(EngineCore_DP0 pid=11) INFO 10-21 09:12:24 [gpu_model_runner.py:2653] Model loading took 15.27 GiB and 12.30 seconds"),
     line(21, "(EngineCore_DP0 pid=11) INFO 10-21 09:12:25 [backends.py:548] Using cache directory: /root/.cache/vllm/torch_compile_cache/7522dc03ce/rank_0_0/backbone for vLLM's torch.compile"),
     procs(22, 10, cpu=30),
@@ -149,7 +150,8 @@ def test_each_phase_duration_is_observed_once_per_attempt():
     assert state.phase is Phase.READY
     assert judge(state, 10_000, LIMITS) is Verdict.READY
     assert state.phase_durations[Phase.LOADING_WEIGHTS].count == 1
-    assert state.last_phase_durations[Phase.LOADING_WEIGHTS] == pytest.approx(16)
+    assert state.last_phase_durations[Phase.DOWNLOADING] == pytest.approx(1)
+    assert state.last_phase_durations[Phase.LOADING_WEIGHTS] == pytest.approx(15)
     assert state.last_phase_durations[Phase.COMPILING] == pytest.approx(39)
     assert Phase.READY not in state.phase_durations
     assert state.startups == {Outcome.READY: 1}
