@@ -208,7 +208,7 @@ def test_parse_takes_a_minimal_grammar() -> None:
             "group 'model_weights_bytes__tib' is no known value",
             id="unknown unit",
         ),
-        pytest.param("[[rule]]\nphase = \"ready\"\n", "'match'", id="rule without match"),
+        pytest.param("[[rule]]\nphase = \"ready\"\n", "rule 1 has no `match`", id="rule without match"),
         pytest.param("[[rule]\nmatch = 'x'\n", "line 1", id="bad toml"),
     ],
 )
