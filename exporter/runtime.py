@@ -46,7 +46,7 @@ class Runtime:
         agent = Agent(config, journal, ProcessSource(cgroup_root), gpu)
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(lambda: agent.snapshot))
-        ProcessCollector(namespace=f"llmstartup_exporter", registry=registry)
+        ProcessCollector(namespace="llmstartup_exporter", registry=registry)
         try:
             server, _ = serve(*config.listen, make_app(registry, lambda: agent.snapshot))
         except OSError as error:

@@ -7,6 +7,8 @@ one dies of a CUDA OOM. The agent is the real command, scraped over HTTP.
 
 from __future__ import annotations
 
+import json
+import secrets
 import shutil
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import time
 
 import pytest
 
+from exporter.demo import sandbox
 from tests.scrape import Scrape, fetch, free_port, wait_for
 
 STALL, INTERVAL = 8.0, 1.0
@@ -150,3 +153,18 @@ def test_three_units_under_one_agent(agent, units, journal_records):
     assert promtool, "promtool is installed by .ci/setup (Debian package prometheus)"
     lint = subprocess.run([promtool, "check", "metrics"], input=final.text, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_without_units_the_agent_discovers_model_servers(agent, journald, tmp_path):
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps([*LOAD, {"hang": True}]))
+    # argv[0] "vllm", as `vllm serve …` shows in a real unit's command line
+    argv = ["bash", "-c", f'exec -a vllm {sys.executable} -m exporter.demo.vllm_startup "$0"', str(steps)]
+    name = f"test-{secrets.token_hex(3)}-discovered.service"
+    port = agent()
+    with sandbox.start_unit(journald, name, argv):
+        found = wait_for(lambda: (s := Scrape(fetch(port))).one_of("unit_phase", name, "phase") == "compiling" and s,
+                         30, "the agent to discover the unit and follow it to compiling")
+    info = found.all("llmstartup_unit_info", unit=name)
+    assert [s.labels["engine"] for s in info] == ["vllm"]
+    assert found.all("llmstartup_unit_info", unit="ssh.service") == []

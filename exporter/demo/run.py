@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 from exporter import grammar
 from exporter.config import Config
@@ -58,6 +58,8 @@ def run_demo(listen: tuple[str, int]) -> int:
             return 1
         argv = [sys.executable, "-m", "exporter.demo.vllm_startup", "--scenario", "demo"]
         unit = sandbox.start_unit(journald, UNIT, argv)
+        # The live display below shows every transition; the agent's own INFO lines would repeat it.
+        logging.getLogger("exporter").setLevel(logging.WARNING)
         print(f"demo: {UNIT} prints a vLLM startup into journald namespace {NAMESPACE};"
               f" metrics on http://{listen[0]}:{listen[1]}/metrics; Ctrl-C stops it all\n", flush=True)
         try:
@@ -73,7 +75,7 @@ def run_demo(listen: tuple[str, int]) -> int:
     return 0
 
 
-def _show(snapshot: callable, stop: threading.Event, out: TextIO) -> None:  # type: ignore[valid-type]
+def _show(snapshot: Callable[[], Snapshot], stop: threading.Event, out: TextIO) -> None:
     """Print each phase or verdict change; on a terminal, keep a live status line under them."""
     live = out.isatty()
     last: tuple[Phase, str] | None = None
@@ -82,7 +84,7 @@ def _show(snapshot: callable, stop: threading.Event, out: TextIO) -> None:  # ty
     while not stop.wait(0.5):
         snap = snapshot()
         view = next((v for v in snap.units if v.state.unit == UNIT), None)
-        if view is None:
+        if view is None or view.state.attempt is None:
             continue
         line = _status(view, snap, before)
         before = snap
@@ -95,15 +97,14 @@ def _show(snapshot: callable, stop: threading.Event, out: TextIO) -> None:  # ty
         out.flush()
         if view.state.phase is Phase.READY and not said_ready:
             said_ready = True
-            durations = ", ".join(f"{p} {s:.1f}s" for p, s in view.state.last_phase_durations.items())
-            out.write(("\r\x1b[K" if live else "") + f"ready; phases took: {durations}\n")
+            durations = "".join(f"  {p:<26}{s:6.1f}s\n" for p, s in view.state.last_phase_durations.items())
+            out.write(("\r\x1b[K" if live else "") + f"ready; the phases took:\n{durations}")
             out.write("the demo unit now idles; Ctrl-C to stop\n")
 
 
 def _status(view: UnitView, snap: Snapshot, before: Snapshot | None) -> str:
     state, attempt, t = view.state, view.state.attempt, snap.t
-    if attempt is None:
-        return f"{view.state.phase:<20} {view.verdict}"
+    assert attempt is not None
     parts = [f"{t - attempt.started:6.1f}s", f"{state.phase} {t - attempt.phase_since:.0f}s", str(view.verdict)]
     if state.last_log is not None:
         parts.append(f"last log {t - state.last_log:.0f}s ago")
