@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Iterable
 
-from exporter import grammar
+from exporter import grammar, xids
 from exporter.config import Config
 from exporter.grammar import Grammar
-from exporter.model import GpuSample, Observation, Snapshot, UnitState, UnitView, frozen_map
-from exporter.sources.gpu import GpuSource, by_unit
+from exporter.model import Fault, GpuSample, Observation, Snapshot, UnitState, UnitView, XidError, frozen_map
+from exporter.sources.gpu import GpuReading, GpuSource, by_unit
 from exporter.sources.journal import JournalSource
 from exporter.sources.processes import ProcessSource
 from exporter.sources.status import SourceStatus
@@ -43,6 +44,8 @@ class Agent:
         self.processes_status = SourceStatus("processes", logger, wall)
         self._discovered_at: float | None = None
         self._gpu_seen: float | None = None
+        self._recent_xids: list[XidError] = []
+        self.xid_errors: dict[tuple[str, int], int] = {}
         self.snapshot = Snapshot(t=clock(), wall_offset=wall() - clock())
 
     def engine(self, unit: str) -> str:
@@ -62,9 +65,18 @@ class Agent:
         # A unit's process side waits until its earlier lines are read, so the fold stays in time
         # order; asked before draining, so that those lines are surely in this round's drain.
         history_read = frozenset(units) if self.journal.status.failing else self.journal.ready_units
-        observations: list[Observation] = [*self.journal.drain()]
+        observations: list[Observation] = []
+        found: list[XidError] = []
+        for item in self.journal.drain():
+            (found if isinstance(item, XidError) else observations).append(item)
         observations += [s for u, s in samples.items() if u in history_read]
-        observations += self._gpu_samples(samples, history_read)
+        reading = self.gpu.latest if self.gpu else None
+        if reading is not None and reading.t != self._gpu_seen:  # each reading is folded once
+            self._gpu_seen = reading.t
+            ids = {u: s.ids for u, s in samples.items() if u in history_read}
+            observations += [GpuSample(reading.t, u, frozen_map(m)) for u, m in by_unit(reading, ids).items()]
+            found += reading.xids
+        observations += self._count_xids(found, reading)
         observations.sort(key=lambda o: o.t)
         for obs in observations:
             before = self.states.get(obs.unit) or UnitState(obs.unit, self.engine(obs.unit))
@@ -107,13 +119,19 @@ class Agent:
         self.processes_status.ok()
         return samples
 
-    def _gpu_samples(self, samples: dict, ready: frozenset[str]) -> list[GpuSample]:  # type: ignore[type-arg]
-        reading = self.gpu.latest if self.gpu else None
-        if reading is None or reading.t == self._gpu_seen:
-            return []
-        self._gpu_seen = reading.t
-        pids = {u: frozenset(pid for pid, _ in s.ids) for u, s in samples.items() if u in ready}
-        return [GpuSample(reading.t, u, frozen_map(m)) for u, m in by_unit(reading, pids).items()]
+    def _count_xids(self, found: list[XidError], reading: GpuReading | None) -> list[Fault]:
+        result = []
+        self._recent_xids = [x for x in self._recent_xids if self._clock() - x.t <= xids.SAME_EVENT]
+        for xid in found:
+            xid = xids.resolve(xid, reading.devices if reading else ())
+            if xids.is_repeat(xid, self._recent_xids):
+                continue
+            self._recent_xids.append(xid)
+            key = (xid.gpu, xid.xid)
+            self.xid_errors[key] = self.xid_errors.get(key, 0) + 1
+            logger.warning("gpu=%s xid=%d source=%s", xid.gpu, xid.xid, xid.source)
+            result += xids.faults(xid, self.states.values())
+        return result
 
     def _publish(self, units: list[str], t: float, offset: float) -> Snapshot:
         before = {view.state.unit: view for view in self.snapshot.units}
@@ -128,6 +146,13 @@ class Agent:
         sources = {"journal": self.journal.status.health, "processes": self.processes_status.health}
         if self.gpu:
             sources["gpu"] = self.gpu.status.health
+        now = t + offset
+        # A source whose last success is stale is down, even if its thread is stuck inside a call
+        # that has not failed yet (an NVML call can block for minutes).
+        sources = {
+            name: h if h.last_success is None or now - h.last_success <= self.limits.stale else replace(h, up=False)
+            for name, h in sources.items()
+        }
         reading = self.gpu.latest if self.gpu else None
         return Snapshot(
             t=t,
@@ -135,4 +160,6 @@ class Agent:
             units=tuple(views),
             sources=frozen_map(sources),
             gpus=reading.devices if reading else (),
+            xid_errors=frozen_map(self.xid_errors),
+            stale_after=self.limits.stale,
         )

@@ -95,7 +95,7 @@ class SnapshotCollector(Collector):
             rss.add_metric([unit], sample.rss_bytes if sample else 0)
             for s in ProcessState:
                 processes.add_metric([unit, s], sample.states.get(s, 0) if sample else 0)
-            if state.last_gpu:
+            if state.last_gpu and snap.t - state.last_gpu.t <= snap.stale_after:  # stale: no series
                 for gpu, used in sorted(state.last_gpu.memory.items()):
                     if used is not None:  # unknown is no series, never a 0
                         gpu_memory.add_metric([unit, gpu], used)
@@ -118,9 +118,15 @@ class SnapshotCollector(Collector):
         yield from (phase_hist, startup_hist, last_phase, *values.values())
 
         gpu_info = _gauge("gpu_info", "A GPU the agent sees, by index, with its UUID and name.", ["gpu", "uuid", "name"])
-        for index, uuid, name in snap.gpus:
-            gpu_info.add_metric([index, uuid, name], 1)
-        yield gpu_info
+        utilization = _gauge("gpu_utilization_ratio", "GPU busy time (0–1); recorded, never counted as progress." + CACHED, ["gpu"])
+        for gpu in snap.gpus:
+            gpu_info.add_metric([gpu.index, gpu.uuid, gpu.name], 1)
+            if gpu.utilization is not None:
+                utilization.add_metric([gpu.index], gpu.utilization)
+        xid = CounterMetricFamily(f"{NS}_gpu_xid_errors_total", "Xid errors the driver reported, by GPU and Xid, since the agent started.", labels=["gpu", "xid"])
+        for (gpu_index, number), n in sorted(snap.xid_errors.items()):
+            xid.add_metric([gpu_index, str(number)], n)
+        yield from (gpu_info, utilization, xid)
 
         up = _gauge("source_up", "Whether the source's last attempt worked.", ["source"])
         success = _gauge("source_last_success_timestamp_seconds", "When the source last worked.", ["source"])

@@ -149,7 +149,35 @@ class GpuSample:
     memory: Mapping[str, int | None]
 
 
-Observation = LogLine | Lifecycle | ProcessSample | GpuSample
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A cause of failure seen outside the unit's own log, e.g. an Xid on a GPU the unit uses."""
+
+    t: float
+    unit: str
+    reason: Reason
+
+
+Observation = LogLine | Lifecycle | ProcessSample | GpuSample | Fault
+
+
+@dataclass(frozen=True, slots=True)
+class XidError:
+    """The driver's report of a GPU error (kernel `NVRM: Xid` line or NVML event); not a unit's."""
+
+    t: float
+    gpu: str  # GPU index, or the PCI bus id when no NVML device matches it
+    xid: int
+    source: str  # "kernel" or "nvml"
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: str
+    uuid: str
+    name: str
+    bus_id: str = ""
+    utilization: float | None = None  # recorded, never progress: a hung NCCL collective spins at 100%
 
 
 # ---- state ----
@@ -249,4 +277,6 @@ class Snapshot:
     wall_offset: float  # wall = monotonic + wall_offset
     units: tuple[UnitView, ...] = ()
     sources: Mapping[str, SourceHealth] = field(default_factory=frozen_map)
-    gpus: tuple[tuple[str, str, str], ...] = ()  # (index, uuid, name)
+    gpus: tuple[Gpu, ...] = ()
+    xid_errors: Mapping[tuple[str, int], int] = field(default_factory=frozen_map)  # (gpu, xid) → count
+    stale_after: float = float("inf")  # evidence older than this (seconds) is not rendered

@@ -15,6 +15,7 @@ from exporter.model import (
     STARTUP_ORDER,
     Attempt,
     Event,
+    Fault,
     GpuSample,
     Histogram,
     Lifecycle,
@@ -291,6 +292,9 @@ def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits
         return _lifecycle(state, obs)
     if isinstance(obs, ProcessSample):
         return _processes(state, obs, limits)
+    if isinstance(obs, Fault):
+        live = _live(state)
+        return replace(state, attempt=_cause(live, obs.reason)) if live else state
     return _gpu(state, obs, limits)
 
 

@@ -4,38 +4,50 @@ import ctypes.util
 
 import pytest
 
+from dataclasses import replace
+
+from exporter.model import Gpu
 from exporter.sources.gpu import GpuReading, GpuSource, by_unit
 from tests.scrape import wait_for
 
 GiB = 2**30
 READING = GpuReading(
-    t=1.0,
-    devices=(("0", "GPU-aaa", "H200"), ("1", "GPU-bbb", "H200")),
+    t=100.0,
+    devices=(Gpu("0", "GPU-aaa", "H200", "00000000:3B:00.0"), Gpu("1", "GPU-bbb", "H200", "00000000:5D:00.0")),
     usage={
         100: {"0": 10 * GiB, "1": 10 * GiB},
         101: {"0": 2 * GiB},
         200: {"1": 5 * GiB},
-        300: {"0": None},
+        300: {"0": None},  # MIG, or a driver that cannot say per process
     },
 )
 
 
+def ids(*pids, started=50.0):
+    return frozenset((pid, started) for pid in pids)
+
+
 @pytest.mark.parametrize(
-    ("pids", "want"),
+    ("reading", "units", "want"),
     [
-        pytest.param({"a.service": frozenset({100, 101})}, {"a.service": {"0": 12 * GiB, "1": 10 * GiB}},
+        pytest.param(READING, {"a": ids(100, 101)}, {"a": {"0": 12 * GiB, "1": 10 * GiB}},
                      id="summed over the unit's processes, per GPU"),
-        pytest.param({"b.service": frozenset({200})}, {"b.service": {"1": 5 * GiB}}, id="only the GPUs it uses"),
-        pytest.param({"c.service": frozenset({999})}, {"c.service": {}}, id="a unit with no GPU process"),
-        pytest.param({"d.service": frozenset({300, 101})}, {"d.service": {"0": None}},
-                     id="memory NVML cannot report makes the sum unknown, never 0"),
-        pytest.param({"a.service": frozenset({100}), "b.service": frozenset({200})},
-                     {"a.service": {"0": 10 * GiB, "1": 10 * GiB}, "b.service": {"1": 5 * GiB}},
+        pytest.param(READING, {"b": ids(200)}, {"b": {"1": 5 * GiB}}, id="only the GPUs it uses"),
+        pytest.param(READING, {"c": ids(999)}, {"c": {}}, id="a unit with no GPU process"),
+        pytest.param(READING, {"a": ids(100), "b": ids(200)},
+                     {"a": {"0": 10 * GiB, "1": 10 * GiB}, "b": {"1": 5 * GiB}},
                      id="other units' processes are not counted"),
+        pytest.param(READING, {"d": ids(300, 101)}, {"d": {"0": None}},
+                     id="memory NVML cannot report makes the sum unknown, never 0"),
+        pytest.param(READING, {"e": ids(100, started=100.5)}, {"e": {}},
+                     id="a pid reused after the reading is another process"),
+        pytest.param(READING, {"f": frozenset()}, {"f": {}}, id="vanished: no process left"),
+        pytest.param(replace(READING, lost=frozenset({"1"})), {"a": ids(100)}, {"a": {"0": 10 * GiB, "1": None}},
+                     id="a lost GPU is unknown, not 0"),
     ],
 )
-def test_by_unit(pids, want):
-    assert by_unit(READING, pids) == want
+def test_by_unit(reading, units, want):
+    assert by_unit(reading, units) == want
 
 
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has NVML")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from exporter.model import Event, Lifecycle, LogLine
+from exporter.model import Event, Lifecycle, LogLine, XidError
 from exporter.sources.journal import to_observations
 
 U = "vllm.service"
@@ -60,6 +60,21 @@ FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
             id="lifecycle lines that change nothing are skipped",
         ),
         pytest.param({"_PID": b"1", "UNIT": b"sshd.service", "MESSAGE_ID": STARTED}, [], id="PID 1 about an unwatched unit"),
+        pytest.param(
+            {"_TRANSPORT": b"kernel", "MESSAGE": b"NVRM: Xid (PCI:0000:3B:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."},
+            [XidError(5.0, "0000:3b:00", 79, "kernel")],
+            id="the kernel's Xid line",
+        ),
+        pytest.param(
+            {"_TRANSPORT": b"kernel", "MESSAGE": b"NVRM: Xid (0000:b3:00): 31, pid=1234, name=python3, Ch 00000008, intr 10000000. MMU Fault"},
+            [XidError(5.0, "0000:b3:00", 31, "kernel")],
+            id="Xid line without PCI:",
+        ),
+        pytest.param(
+            {"_TRANSPORT": b"stdout", "_SYSTEMD_UNIT": b"evil.service", "MESSAGE": b"NVRM: Xid (PCI:0000:3b:00): 79, x"},
+            [],
+            id="an Xid line printed by a service is no Xid",
+        ),
     ],
 )
 def test_to_observations(fields, want):

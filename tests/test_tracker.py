@@ -9,6 +9,7 @@ import pytest
 from exporter import grammar
 from exporter.model import (
     Event,
+    Fault,
     GpuSample,
     Lifecycle,
     Limits,
@@ -180,6 +181,11 @@ OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. 
             id="a fatal marker fails the attempt before the processes exit",
         ),
         pytest.param([procs(31)], Phase.COMPILING, Reason.EXITED, Outcome.FAILED, id="processes gone before ready, no word why"),
+        pytest.param(
+            [Fault(30, U, Reason.GPU_XID), line(30, "Traceback (most recent call last):"), procs(31)],
+            Phase.COMPILING, Reason.GPU_XID, Outcome.FAILED,
+            id="an Xid on its GPU, then a traceback and exit: the Xid is the cause",
+        ),
         pytest.param(
             [pid1(30, Event.OOM_KILLED), pid1(30, Event.EXITED, "killed/9/KILL"), pid1(30, Event.FAILED, "oom-kill")],
             Phase.COMPILING, Reason.HOST_OOM_KILLED, Outcome.FAILED,

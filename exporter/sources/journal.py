@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Mapping
 from systemd import journal
 
 from exporter.lines import clean_records, redraw_ages
-from exporter.model import Event, Lifecycle, LogLine, Observation, frozen_map
+from exporter.model import Event, Lifecycle, LogLine, Observation, XidError, frozen_map
 from exporter.sources.status import SourceStatus
 
 logger = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ FIELDS = (
     "_SYSTEMD_INVOCATION_ID",
     "INVOCATION_ID",
     "UNIT_RESULT",
+    "_TRANSPORT",
 )
 
 # PID 1's unit lifecycle messages (src/systemd/sd-messages.h); text differs across versions, ids do not.
@@ -46,6 +47,7 @@ LIFECYCLE_IDS: Mapping[str, Event] = frozen_map(
 )
 EXIT = re.compile(r"Main process exited, code=(\w+), status=(\d+)/(\w+)")
 FAILED_RESULT = re.compile(r"Failed with result '([\w-]+)'")
+XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)")
 
 
 def _text(value: bytes | str | None) -> str:
@@ -56,12 +58,16 @@ def _text(value: bytes | str | None) -> str:
 
 def to_observations(
     fields: Mapping[str, bytes | str], t: float, units: frozenset[str]
-) -> list[Observation]:
-    """One journal entry as observations of the watched units; [] for anything else.
+) -> list[Observation | XidError]:
+    """One journal entry as observations of the watched units or a GPU Xid; [] for anything else.
 
     `UNIT=` is a field any local user may set, so lifecycle lines are believed only from PID 1,
-    whose `_PID` journald fills in itself (systemd.journal-fields(7): trusted fields).
+    and Xid lines only from the kernel: journald fills in `_PID` and `_TRANSPORT` itself
+    (systemd.journal-fields(7): trusted fields).
     """
+    if _text(fields.get("_TRANSPORT")) == "kernel":
+        found = XID.search(_text(fields.get("MESSAGE")))
+        return [XidError(t, found.group(1).lower(), int(found.group(2)), "kernel")] if found else []
     unit = _text(fields.get("_SYSTEMD_UNIT"))
     if unit in units:
         invocation = _text(fields.get("_SYSTEMD_INVOCATION_ID"))
@@ -125,7 +131,7 @@ class JournalSource:
         self.place = place
         self._units: frozenset[str] = frozenset()
         self._new_units: queue.SimpleQueue[frozenset[str]] = queue.SimpleQueue()
-        self._out: queue.SimpleQueue[Observation] = queue.SimpleQueue()
+        self._out: queue.SimpleQueue[Observation | XidError] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
         self._position: int | None = None  # realtime µs of the newest entry read
@@ -145,7 +151,7 @@ class JournalSource:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def drain(self) -> list[Observation]:
+    def drain(self) -> list[Observation | XidError]:
         """Everything read since the last call, in journal order."""
         out = []
         while True:

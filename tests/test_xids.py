@@ -1,0 +1,42 @@
+"""Xid errors: which GPU a kernel line names, one count per event, and the units it hits."""
+
+import pytest
+
+from exporter.model import Fault, Gpu, GpuSample, Reason, UnitState, XidError
+from exporter.xids import bus_key, faults, is_repeat, resolve
+
+GPUS = (Gpu("0", "GPU-a", "H200", "00000000:3B:00.0"), Gpu("1", "GPU-b", "H200", "00000000:5D:00.0"))
+
+
+@pytest.mark.parametrize(
+    ("bus", "key"),
+    [("0000:3b:00", "3b:00"), ("00000000:3B:00.0", "3b:00"), ("3b:00.0", "3b:00")],
+)
+def test_bus_key(bus, key):
+    assert bus_key(bus) == key
+
+
+def test_kernel_line_gets_the_nvml_index():
+    assert resolve(XidError(1, "0000:5d:00", 79, "kernel"), GPUS).gpu == "1"
+    assert resolve(XidError(1, "0000:99:00", 79, "kernel"), GPUS).gpu == "0000:99:00"
+
+
+@pytest.mark.parametrize(
+    ("xid", "want"),
+    [
+        pytest.param(XidError(12, "0", 79, "nvml"), True, id="NVML's event for the kernel's line"),
+        pytest.param(XidError(12, "0", 79, "kernel"), False, id="the same source twice is two events"),
+        pytest.param(XidError(30, "0", 79, "nvml"), False, id="long after: another event"),
+        pytest.param(XidError(12, "1", 79, "nvml"), False, id="another GPU"),
+        pytest.param(XidError(12, "0", 31, "nvml"), False, id="another Xid"),
+    ],
+)
+def test_is_repeat(xid, want):
+    assert is_repeat(xid, [XidError(10, "0", 79, "kernel")]) is want
+
+
+def test_faults_hit_the_units_with_memory_on_that_gpu():
+    on0 = UnitState("a.service", last_gpu=GpuSample(1, "a.service", {"0": 2**30}))
+    on1 = UnitState("b.service", last_gpu=GpuSample(1, "b.service", {"1": 2**30}))
+    idle = UnitState("c.service")
+    assert faults(XidError(5, "0", 79, "nvml"), [on0, on1, idle]) == [Fault(5, "a.service", Reason.GPU_XID)]
