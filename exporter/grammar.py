@@ -42,6 +42,7 @@ class Rule:
     phase: Phase | None = None
     reason: Reason | None = None
     fatal: bool = False  # the engine gives up here, whether or not its processes exit yet
+    heartbeat: bool = False  # printed on a timer whatever happens (TGI's "Waiting for shard"): no progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,7 @@ class Match:
     phase: Phase | None = None
     reason: Reason | None = None
     fatal: bool = False
+    heartbeat: bool = False
     info: Mapping[str, str] = field(default_factory=frozen_map)
     values: Mapping[str, float] = field(default_factory=frozen_map)
 
@@ -88,6 +90,7 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
             phase=Phase(phase) if phase else None,
             reason=Reason(reason) if reason else None,
             fatal=bool(raw.get("fatal", False)),
+            heartbeat=bool(raw.get("heartbeat", False)),
         )
     except (re.error, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None
@@ -126,7 +129,7 @@ def match(grammar: Grammar, record: str) -> Match | None:
                 else:
                     name, _, unit = group.partition("__")
                     values[name] = float(raw.replace(",", "")) * SCALES[unit]
-            return Match(rule.phase, rule.reason, rule.fatal, frozen_map(info), frozen_map(values))
+            return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, frozen_map(info), frozen_map(values))
     return None
 
 

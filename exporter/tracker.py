@@ -142,7 +142,9 @@ def _end(state: UnitState, t: float, reason: Reason | None = None) -> UnitState:
 
 
 def _line(state: UnitState, line: LogLine, grammar: Grammar) -> UnitState:
-    state = _moved(replace(state, last_log=line.t), Signal.LOG, line.t)
+    found = grammars.match(grammar, line.text)
+    if found is None or not found.heartbeat:  # a heartbeat line says nothing about progress
+        state = _moved(replace(state, last_log=line.t), Signal.LOG, line.t)
     attempt = state.attempt
     if attempt is None:
         state = _begin(state, line.t, line.invocation)
@@ -156,7 +158,6 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar) -> UnitState:
     elif line.invocation and not attempt.invocation:
         state = replace(state, attempt=replace(attempt, invocation=line.invocation))
 
-    found = grammars.match(grammar, line.text)
     if found is None:
         return state
     state = replace(

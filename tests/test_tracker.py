@@ -264,3 +264,12 @@ def test_ready_then_stopped_counts_no_failure():
 def test_a_warning_before_ready_does_not_explain_a_later_exit():
     state = fold([*TO_COMPILE, line(30, "NCCL WARN Call to ibv_reg_mr failed"), line(60, "INFO:     Application startup complete."), procs(70)])
     assert state.failures == {}
+
+
+def test_a_heartbeat_line_is_no_progress():
+    tgi = grammar.parse("tgi", "[[rule]]\nmatch = 'Waiting for shard to be ready'\nheartbeat = true\n")
+    heartbeats = [x for t in range(10, 401, 10) for x in (procs(t, 10), line(t, "Waiting for shard to be ready..."))]
+    state = functools.reduce(
+        lambda s, o: advance(s, o, tgi, LIMITS), [procs(0, 10), line(1, "Starting shard"), *heartbeats], UnitState(U)
+    )
+    assert judge(state, 400, LIMITS) is Verdict.STALLED
