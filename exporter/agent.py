@@ -43,7 +43,7 @@ class Agent:
         self.states: dict[str, UnitState] = {}
         self.processes_status = SourceStatus("processes", logger, wall)
         self._discovered_at: float | None = None
-        self._gpu_seen: float | None = None
+        self._xids_seen: float | None = None
         self._recent_xids: list[XidError] = []
         self.xid_errors: dict[tuple[str, int], int] = {}
         self.snapshot = Snapshot(t=clock(), wall_offset=wall() - clock())
@@ -71,11 +71,13 @@ class Agent:
             (found if isinstance(item, XidError) else observations).append(item)
         observations += [s for u, s in samples.items() if u in history_read]
         reading = self.gpu.latest if self.gpu else None
-        if reading is not None and reading.t != self._gpu_seen:  # each reading is folded once
-            self._gpu_seen = reading.t
-            ids = {u: s.ids for u, s in samples.items() if u in history_read}
+        if reading is not None:
+            # Each reading is folded once per unit, also into a unit whose history was read later.
+            ids = {u: s.ids for u, s in samples.items() if u in history_read and self._gpu_behind(u, reading)}
             observations += [GpuSample(reading.t, u, frozen_map(m)) for u, m in by_unit(reading, ids).items()]
-            found += reading.xids
+            if reading.t != self._xids_seen:
+                self._xids_seen = reading.t
+                found += reading.xids
         observations += self._count_xids(found, reading)
         observations.sort(key=lambda o: o.t)
         for obs in observations:
@@ -118,6 +120,10 @@ class Agent:
             return {}
         self.processes_status.ok()
         return samples
+
+    def _gpu_behind(self, unit: str, reading: GpuReading) -> bool:
+        state = self.states.get(unit)
+        return state is None or state.last_gpu is None or state.last_gpu.t < reading.t
 
     def _count_xids(self, found: list[XidError], reading: GpuReading | None) -> list[Fault]:
         result = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
 import sys
 import time
 from typing import Any, Callable, Iterator
@@ -11,6 +12,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from exporter.demo import sandbox
+from tests.fake_nvml.fixtures import fake_nvml, fake_nvml_lib, fake_nvml_lib_no_v3  # noqa: F401
+from tests.scrape import INTERVAL, SILENCE, STALL, free_port, try_fetch, wait_for
 
 
 @pytest.fixture(scope="session")
@@ -89,3 +92,28 @@ def journal_records(journald: sandbox.Journald) -> Callable[..., list[dict[str, 
             time.sleep(0.05)
 
     return records
+
+
+@pytest.fixture
+def agent(journald: sandbox.Journald, tmp_path) -> Callable[..., int]:
+    """`start(*units, env=None, gpu=False) -> port`: run the real `llmstartup serve` on the test
+    journald with the end-to-end thresholds; SIGTERM at teardown must stop it cleanly."""
+    started: list[subprocess.Popen] = []
+
+    def start(*units: str, env: dict[str, str] | None = None, gpu: bool = False) -> int:
+        port = free_port()
+        argv = [sys.executable, "-m", "exporter", "serve", "--journal.namespace", journald.namespace,
+                "--web.listen-address", f"127.0.0.1:{port}", "--sample.interval", f"{INTERVAL:g}s",
+                "--silence.threshold", f"{SILENCE:g}s", "--stall.threshold", f"{STALL:g}s",
+                "--collector.gpu" if gpu else "--no-collector.gpu", "--state.path", str(tmp_path / "state.db")]
+        for unit in units:
+            argv += ["--unit", unit]
+        log = open(tmp_path / f"agent-{len(started)}.log", "w")
+        started.append(subprocess.Popen(argv, stderr=log, env=env))
+        wait_for(lambda: try_fetch(port), 15, "the agent to serve /metrics")
+        return port
+
+    yield start
+    for process in started:
+        process.terminate()
+        assert process.wait(timeout=10) == 0, "the agent did not stop cleanly on SIGTERM"

@@ -11,6 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 T = TypeVar("T")
 
+# The thresholds every end-to-end test runs the agent with: short, so that a test takes seconds.
+INTERVAL, SILENCE, STALL = 1.0, 4.0, 8.0
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -43,6 +46,13 @@ class Scrape:
         """The label value of the series set to 1 (phase or verdict) for a unit."""
         on = [s.labels[label] for s in self.all(f"llmstartup_{family}", unit=unit) if s.value == 1]
         return on[0] if len(on) == 1 else None
+
+
+def try_fetch(port: int, path: str = "/metrics") -> str | None:
+    try:
+        return fetch(port, path)
+    except OSError:
+        return None
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.2) -> T:

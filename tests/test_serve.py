@@ -17,9 +17,7 @@ import time
 import pytest
 
 from exporter.demo import sandbox
-from tests.scrape import Scrape, fetch, free_port, wait_for
-
-STALL, INTERVAL = 8.0, 1.0
+from tests.scrape import INTERVAL, STALL, Scrape, fetch, wait_for
 
 LOAD = [
     {"log": "vLLM API server version 0.11.0"},
@@ -44,37 +42,6 @@ CUDA_OOM = [
     {"traceback": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.25 GiB is free."},
     {"exit": 1},
 ]
-
-
-@pytest.fixture
-def agent(journald, tmp_path):
-    """Start `llmstartup serve` on given units; stopped with SIGTERM at teardown."""
-    started = []
-
-    def start(*units: str) -> int:
-        port = free_port()
-        argv = [sys.executable, "-m", "exporter", "serve", "--journal.namespace", journald.namespace,
-                "--web.listen-address", f"127.0.0.1:{port}", "--sample.interval", f"{INTERVAL:g}s",
-                "--silence.threshold", "4s", "--stall.threshold", f"{STALL:g}s", "--no-collector.gpu",
-                "--state.path", str(tmp_path / "state.db")]
-        for unit in units:
-            argv += ["--unit", unit]
-        process = subprocess.Popen(argv, stderr=open(tmp_path / "agent.log", "w"))
-        started.append(process)
-        wait_for(lambda: _try_fetch(port), 15, "the agent to serve /metrics")
-        return port
-
-    yield start
-    for process in started:
-        process.terminate()
-        assert process.wait(timeout=10) == 0, "the agent did not stop cleanly on SIGTERM"
-
-
-def _try_fetch(port: int) -> str | None:
-    try:
-        return fetch(port)
-    except OSError:
-        return None
 
 
 def _said(text: str):

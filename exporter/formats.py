@@ -1,0 +1,567 @@
+"""Saved logs (journalctl json/export/short*, docker logs -t, plain engine output) as (time, journal-like fields)."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timedelta, timezone, tzinfo
+from enum import StrEnum
+from typing import Iterable, Iterator
+
+# The journal fields a replay keeps (those `sources.journal.to_observations` reads, and the
+# identifier a caller maps to a unit when a format has no _SYSTEMD_UNIT); everything else is dropped.
+FIELDS = (
+    "MESSAGE",
+    "_SYSTEMD_UNIT",
+    "_PID",
+    "UNIT",
+    "MESSAGE_ID",
+    "_SYSTEMD_INVOCATION_ID",
+    "INVOCATION_ID",
+    "UNIT_RESULT",
+    "_TRANSPORT",
+    "SYSLOG_IDENTIFIER",
+)
+_WANTED = frozenset(FIELDS)
+
+Fields = dict[str, bytes | str]
+
+
+class Format(StrEnum):
+    """How a saved log is written; the values are journalctl's `-o` names where there is one."""
+
+    JOURNAL_JSON = "json"  # journalctl -o json
+    JOURNAL_EXPORT = "export"  # journalctl -o export
+    SHORT = "short"  # journalctl [-o short]: "Nov 29 12:00:01 host ident[pid]: msg"
+    SHORT_ISO = "short-iso"  # journalctl -o short-iso[-precise], rsyslog's RFC 3339 files
+    SHORT_PRECISE = "short-precise"  # journalctl -o short-precise: "Nov 29 12:00:01.123456 host …"
+    DOCKER = "docker"  # docker logs -t / kubectl logs --timestamps: "2026-11-29T12:00:01.123456789Z line"
+    PLAIN = "plain"  # an engine's own output, as it would have reached the journal line by line
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+MONTHS = {m: i for i, m in enumerate(b"Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split(), 1)}
+HEAD = 512  # header regexes only ever look at this much of a line
+MAX_FIELD = 64 * 1024 * 1024  # a binary export field longer than this is taken for garbage
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+FIELD_NAME = re.compile(rb"[A-Z_][A-Z0-9_]{0,63}")
+SEPARATOR = re.compile(rb"-- .* --")  # journalctl's "-- Boot … --", "-- No entries --", "-- Logs begin at … --"
+
+_ZONE = rb"(Z|[+-]\d\d:?\d\d)"
+_FRACTION = rb"(?:[.,](\d{1,9}))?"
+_YMD_HMS = rb"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)" + _FRACTION
+
+# journalctl short formats: the time, then "host ident[pid]: " (host absent when the entry has no _HOSTNAME).
+SHORT_TIME = re.compile(
+    rb"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) ([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? "
+)
+ISO_TIME = re.compile(rb"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)" + _FRACTION + _ZONE + rb" ")
+SYSLOG_HEAD = re.compile(rb"(?:[^\s\[\]:]+ )?([^\s\[\]:]+)(?:\[(\d+)\])?:(?: |$)")
+DOCKER_TIME = re.compile(rb"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)" + _FRACTION + _ZONE + rb"(?: |$)")
+# TGI's tracing-subscriber lines: "2026-11-29T12:00:01.123456Z  INFO target: …" (6 digits, padded level).
+TGI_LINE = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{1,6}Z\s+(?:TRACE|DEBUG|INFO|WARN|ERROR)\s")
+
+# Engine timestamps in plain output: (regex, layout). Tried in order on the ANSI-stripped head.
+VLLM_TIME = re.compile(
+    rb"(?:\([^()]*? pid=\d+(?:, ip=[^)]*)?\)\s+)?(?:\[rank\d+\]:\s?)?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+"
+    rb"(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?\s"
+)
+PLAIN_TIMES: tuple[tuple[re.Pattern[bytes], str], ...] = (
+    (VLLM_TIME, "mdhms"),  # vLLM: "(Name pid=N) INFO 11-29 12:00:01 [file.py:12] …", no year
+    (re.compile(rb"\[" + _YMD_HMS + rb"[^\]]*\]"), "ymdhms"),  # SGLang: "[2026-11-29 12:00:01.123 TP0] …"
+    (re.compile(_YMD_HMS + _ZONE + rb"?\s"), "ymdhms"),  # TGI, Python's default asctime, RFC 3339
+    (re.compile(rb"time=" + _YMD_HMS + _ZONE + rb"?\s"), "ymdhms"),  # Ollama (Go slog)
+    (re.compile(rb"(\d{4})/(\d\d)/(\d\d) (\d\d):(\d\d):(\d\d)" + _FRACTION + rb"\s"), "ymdhms"),  # Go log
+    (re.compile(rb"\[GIN\] (\d{4})/(\d\d)/(\d\d) - (\d\d):(\d\d):(\d\d)" + _FRACTION + rb" "), "ymdhms"),  # Ollama's HTTP log
+    (re.compile(rb"[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9})\s+\d+ "), "mdhms"),  # glog: Triton
+    (re.compile(rb"(?:\[rank\d+\]:)?\[[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9}) "), "mdhms"),  # torch's c10
+    (re.compile(rb"\[(\d\d)/(\d\d)/(\d{4})-(\d\d):(\d\d):(\d\d)\]"), "mdyhms"),  # trtllm-serve
+    (re.compile(rb'\{.{0,200}?"(?:timestamp|time|ts)"\s*:\s*"' + _YMD_HMS + _ZONE + rb'?"'), "ymdhms"),  # JSON
+)
+
+
+def _text(value: bytes) -> bytes | str:
+    """A field value as str when it is valid UTF-8, else the raw bytes (as journald keeps it)."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value
+
+
+def _ascii(value: bytes) -> str:
+    return value.decode("ascii", "replace")
+
+
+def _zone(raw: bytes | None, default: tzinfo | None) -> tzinfo | None:
+    if not raw:
+        return default
+    if raw == b"Z":
+        return timezone.utc
+    sign = -1 if raw[:1] == b"-" else 1
+    digits = raw[1:].replace(b":", b"")
+    return timezone(sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:4])))
+
+
+def _fraction(raw: bytes | None) -> float:
+    return int(raw) / 10 ** len(raw) if raw else 0.0
+
+
+def _epoch(year: int, month: int, day: int, hms: tuple[int, int, int], zone: tzinfo | None) -> float | None:
+    """Seconds since the epoch; a naive time (zone None) is local time. None for an impossible date."""
+    try:
+        return datetime(year, month, day, *hms, tzinfo=zone).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def _line(raw: bytes) -> bytes:
+    """One line without its terminator: \\n or \\r\\n (any other \\r is the message's own)."""
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+    return raw
+
+
+class _Years:
+    """Dates without a year: start in `year`, move to the next when the time jumps back past New Year."""
+
+    ROLLOVER = 7 * 86400.0  # a jump back this far can only be a new year
+    STRAGGLER = 300 * 86400.0  # this far ahead of the newest line: a line from just before New Year
+
+    def __init__(self, year: int, zone: tzinfo | None) -> None:
+        self.year = year
+        self.zone = zone
+        self.newest: float | None = None
+        self._cache: tuple[tuple[int, ...], float | None] = ((), None)
+
+    def at(self, month: int, day: int, hms: tuple[int, int, int], fraction: float) -> float | None:
+        t = self._whole(self.year, month, day, hms)
+        if t is not None and self.newest is not None:
+            if t < self.newest - self.ROLLOVER:
+                later = self._whole(self.year + 1, month, day, hms)
+                if later is not None:
+                    self.year, t = self.year + 1, later
+            elif t > self.newest + self.STRAGGLER:
+                earlier = self._whole(self.year - 1, month, day, hms)
+                if earlier is not None and earlier > self.newest - self.ROLLOVER:
+                    t = earlier
+        if t is None:
+            return None
+        t += fraction
+        self.newest = t if self.newest is None else max(self.newest, t)
+        return t
+
+    def _whole(self, year: int, month: int, day: int, hms: tuple[int, int, int]) -> float | None:
+        key = (year, month, day, *hms)
+        if self._cache[0] != key:  # consecutive lines mostly share their second
+            self._cache = (key, _epoch(year, month, day, hms, self.zone))
+        return self._cache[1]
+
+
+# --- detection ---------------------------------------------------------------------------------
+
+_PRIORITY = (
+    Format.JOURNAL_JSON,
+    Format.JOURNAL_EXPORT,
+    Format.SHORT_ISO,
+    Format.SHORT_PRECISE,
+    Format.SHORT,
+    Format.DOCKER,
+    Format.PLAIN,
+)
+
+
+def _classify(line: bytes) -> Format | None:
+    """Which format one line looks like; None for lines that say nothing (blank, separators, indented)."""
+    if not line.strip() or line[:1] in b" \t" or SEPARATOR.fullmatch(line[:HEAD]):
+        return None
+    if line[:1] == b"{":
+        try:
+            entry = json.loads(line)
+        except (ValueError, RecursionError):
+            return Format.PLAIN
+        journal_keys = ("__REALTIME_TIMESTAMP", "__CURSOR", "MESSAGE", "_BOOT_ID")
+        if isinstance(entry, dict) and any(key in entry for key in journal_keys):
+            return Format.JOURNAL_JSON
+        return Format.PLAIN
+    head = line[:HEAD]
+    if (found := ISO_TIME.match(head)) and SYSLOG_HEAD.match(head, found.end()):
+        return Format.SHORT_ISO
+    if found := SHORT_TIME.match(head):
+        return Format.SHORT_PRECISE if found.group(6) else Format.SHORT
+    if (found := DOCKER_TIME.match(head)) and (len(found.group(7) or b"") == 9 or not TGI_LINE.match(head)):
+        return Format.DOCKER
+    name, eq, _ = head.partition(b"=")
+    if FIELD_NAME.fullmatch(name if eq else head):
+        return Format.JOURNAL_EXPORT
+    return Format.PLAIN
+
+
+def detect(head: list[bytes]) -> Format:
+    """The format of a saved log, from its first lines (raw, with or without their terminators).
+
+    Each non-empty line votes for the format it looks like; the most votes win, ties going to the
+    stricter format. Lines that look like nothing in particular vote PLAIN, so a file of engine
+    output with no wrapper, an empty head and binary garbage all come out PLAIN.
+    """
+    votes = dict.fromkeys(_PRIORITY, 0)
+    for raw in head[:50]:
+        kind = _classify(_line(raw))
+        if kind is not None:
+            votes[kind] += 1
+    if votes[Format.JOURNAL_EXPORT] and not any(
+        _line(raw).startswith((b"__CURSOR=", b"__REALTIME_TIMESTAMP=")) for raw in head[:50]
+    ):
+        votes[Format.PLAIN] += votes.pop(Format.JOURNAL_EXPORT)  # KEY=value lines alone prove nothing
+    return max(votes, key=lambda kind: (votes[kind], -_PRIORITY.index(kind)))
+
+
+# --- systemd's own lines in the short formats ---------------------------------------------------
+
+# src/systemd/sd-messages.h, as listed in log-markers.md §9 and appendix B (SYSTEMD_MESSAGE_IDS).
+UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
+UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"
+UNIT_STOPPING = "de5b426a63be47a7b6ac3eaac82e2f6f"
+UNIT_STOPPED = "9d1aaa27d60140bd96365438aad20286"
+UNIT_FAILED = "be02cf6855d2428ba40df7e9d022f03d"
+UNIT_RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"
+UNIT_RESOURCES = "ae8f7b866b0347b9af31fe1c80b127c0"
+UNIT_SUCCESS = "7ad2d189f7e94e70a38c781354912448"
+UNIT_FAILURE_RESULT = "d9b373ed55a64feb8242e02dbe79a49c"
+UNIT_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
+UNIT_OUT_OF_MEMORY = "fe6faa94e7774663a0da52717891d8ef"
+
+_UNIT = r"(?P<unit>[A-Za-z0-9:_.\\@-]+\.(?:service|socket|target|device|mount|automount|swap|timer|path|slice|scope))"
+# Job messages name the unit as "Description", or as "unit - Description" (newer systemd), or as
+# the bare unit name when it has no description; only the latter two tell which unit it was.
+_JOB_TEXTS = (
+    (re.compile(r"Starting (?P<what>.+)\.\.\."), UNIT_STARTING),
+    (re.compile(r"Started (?P<what>.+)\."), UNIT_STARTED),
+    (re.compile(r"Stopping (?P<what>.+)\.\.\."), UNIT_STOPPING),
+    (re.compile(r"Stopped (?P<what>.+)\."), UNIT_STOPPED),
+    (re.compile(r"Failed to start (?P<what>.+)\."), UNIT_FAILED),
+)
+_JOB_SUBJECT = re.compile(_UNIT + r"(?: - .*)?")
+# Unit messages are "unit: text" (log_unit_*), always with the unit name.
+_UNIT_TEXTS = (
+    (re.compile(_UNIT + r": [Mm]ain process exited, code=\w+, status=\S+"), UNIT_PROCESS_EXIT),
+    (re.compile(_UNIT + r": Failed with result '(?P<result>[\w-]+)'\."), UNIT_FAILURE_RESULT),
+    (re.compile(_UNIT + r": Scheduled restart job, restart counter is at \d+\."), UNIT_RESTART_SCHEDULED),
+    (re.compile(_UNIT + r" holdoff time over, scheduling restart\."), UNIT_RESTART_SCHEDULED),  # ≤ v235
+    (re.compile(_UNIT + r": Deactivated successfully\."), UNIT_SUCCESS),
+    (re.compile(_UNIT + r": A process of this unit has been killed by the OOM killer\."), UNIT_OUT_OF_MEMORY),
+    (re.compile(_UNIT + r": Consumed .+ CPU time\b.*"), UNIT_RESOURCES),
+)
+
+
+def lifecycle_fields(message: str) -> dict[str, str] | None:
+    """The MESSAGE_ID (and UNIT, UNIT_RESULT where the text names them) of one of PID 1's unit messages.
+
+    For logs that lost the journal fields (the short formats): `Started vllm.service - vLLM.` gives
+    UNIT_STARTED and UNIT=vllm.service; the older `Started vLLM.` gives only the MESSAGE_ID.
+    None for any other text.
+    """
+    message = message.strip()
+    for pattern, message_id in _UNIT_TEXTS:
+        if found := pattern.fullmatch(message):
+            fields = {"MESSAGE_ID": message_id, "UNIT": found["unit"]}
+            if message_id == UNIT_FAILURE_RESULT:
+                fields["UNIT_RESULT"] = found["result"]
+            return fields
+    for pattern, message_id in _JOB_TEXTS:
+        if found := pattern.fullmatch(message):
+            fields = {"MESSAGE_ID": message_id}
+            if subject := _JOB_SUBJECT.fullmatch(found["what"]):
+                fields["UNIT"] = subject["unit"]
+            return fields
+    return None
+
+
+# --- readers per format ------------------------------------------------------------------------
+
+
+def entries(
+    lines: Iterable[bytes], fmt: Format, *, unit: str = "", year: int, tz: tzinfo | None = None
+) -> Iterator[tuple[float | None, Fields]]:
+    """Each entry of a saved log as (seconds since the epoch or None, journal-like fields).
+
+    `lines` are the raw chunks of the log, in order, whose concatenation is the log: iterating a
+    file opened in binary mode gives exactly that. Text formats take each chunk as one line (its
+    `\\n` or `\\r\\n` ending is dropped; a last line without one is read as it is). JOURNAL_EXPORT
+    joins the chunks back into one byte stream, because a binary field's value is length-prefixed
+    and may hold newlines; for that format any chunking works (lines, or fixed-size blocks).
+
+    Fields keep journald's names and only those in FIELDS; a value is str when it is valid UTF-8,
+    else the raw bytes. MESSAGE keeps its `\\r`s and colours. The journal formats carry their own
+    fields; the short formats give SYSLOG_IDENTIFIER and _PID, plus what `lifecycle_fields` reads
+    from `systemd[1]` lines and _TRANSPORT=kernel for `kernel:` lines, but no _SYSTEMD_UNIT; DOCKER
+    and PLAIN lines get _SYSTEMD_UNIT=`unit` (when given).
+
+    `year` is the year of the first dated line of a format that prints none (short,
+    short-precise, vLLM, glog); later lines move to the next year when the dates go back past
+    New Year. Times printed without a zone are taken in `tz` (default: this machine's local zone).
+    t is None where a line carries no time (tracebacks, raw C output, unparseable lines); the
+    caller carries the previous one forward. Malformed input never raises: lines that cannot be
+    read are passed on as a MESSAGE with t None (text formats) or skipped (journal formats).
+    """
+    if fmt is Format.JOURNAL_JSON:
+        return _json(lines)
+    if fmt is Format.JOURNAL_EXPORT:
+        return _export(lines)
+    if fmt in (Format.SHORT, Format.SHORT_PRECISE, Format.SHORT_ISO):
+        return _short(lines, _Years(year, tz), tz)
+    if fmt is Format.DOCKER:
+        return _docker(lines, unit)
+    return _plain(lines, unit, _Years(year, tz), tz)
+
+
+def _realtime(value: object) -> float | None:
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if isinstance(value, str) and value.isdigit():
+        return int(value) / 1e6
+    return None
+
+
+def _json_value(value: object) -> bytes | str | None:
+    """journalctl -o json: a string; an array of byte values (not printable UTF-8); an array of
+    those when the field occurs more than once (the first is kept, as sd_journal_get_data does);
+    null when it is over 4096 bytes and -a was not given."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        if all(isinstance(b, int) for b in value):
+            try:
+                return _text(bytes(value))
+            except ValueError:
+                return None
+        return _json_value(value[0])
+    return None
+
+
+def _json(lines: Iterable[bytes]) -> Iterator[tuple[float | None, Fields]]:
+    for raw in lines:
+        line = raw.strip()
+        if not line.startswith(b"{"):
+            continue
+        try:
+            entry = json.loads(line)
+        except (ValueError, RecursionError):
+            continue  # a truncated last line, or garbage
+        if not isinstance(entry, dict):
+            continue
+        fields: Fields = {}
+        for name in _WANTED & entry.keys():
+            value = _json_value(entry[name])
+            if value is not None:
+                fields[name] = value
+            elif name == "MESSAGE":
+                fields[name] = ""  # too long to show without -a
+        yield _realtime(entry.get("__REALTIME_TIMESTAMP")), fields
+
+
+class _Stream:
+    """The concatenation of byte chunks, read by lines and by counts."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buffer = b""
+        self._at = 0
+
+    def _more(self) -> bool:
+        for chunk in self._chunks:
+            if chunk:
+                self._buffer = self._buffer[self._at :] + bytes(chunk)
+                self._at = 0
+                return True
+        return False
+
+    def readline(self) -> bytes:
+        """The next line with its \\n; the rest of the stream at its end; b"" when there is no more."""
+        while True:
+            end = self._buffer.find(b"\n", self._at)
+            if end >= 0:
+                line, self._at = self._buffer[self._at : end + 1], end + 1
+                return line
+            if not self._more():
+                line, self._buffer, self._at = self._buffer[self._at :], b"", 0
+                return line
+
+    def read(self, size: int) -> bytes:
+        """`size` bytes, fewer at the end of the stream."""
+        parts, wanted = [], size
+        while wanted > 0:
+            if self._at >= len(self._buffer) and not self._more():
+                break
+            part = self._buffer[self._at : self._at + wanted]
+            self._at += len(part)
+            parts.append(part)
+            wanted -= len(part)
+        return b"".join(parts)
+
+    def peek(self, size: int) -> bytes:
+        while len(self._buffer) - self._at < size and self._more():
+            pass
+        return self._buffer[self._at : self._at + size]
+
+
+def _export(chunks: Iterable[bytes]) -> Iterator[tuple[float | None, Fields]]:
+    """journalctl -o export (systemd's JOURNAL_EXPORT_FORMATS): `NAME=value\\n` for printable
+    values, `NAME\\n` + little-endian u64 size + raw value + `\\n` for the rest; a blank line ends
+    an entry. A last entry cut short is still given, without the field that was cut."""
+    stream = _Stream(chunks)
+    fields: Fields = {}
+    t: float | None = None
+    seen = False
+    while line := stream.readline():
+        body = _line(line)
+        if not body:  # the blank line that ends an entry
+            if seen:
+                yield t, fields
+            fields, t, seen = {}, None, False
+            continue
+        name, eq, value = body.partition(b"=")
+        if not eq:
+            if not line.endswith(b"\n") or not FIELD_NAME.fullmatch(body):
+                continue  # garbage
+            size = stream.read(8)
+            if len(size) < 8:
+                break  # cut short
+            length = int.from_bytes(size, "little")
+            if length > MAX_FIELD:
+                continue  # garbage that looked like a field name
+            value = stream.read(length)
+            if len(value) < length:
+                break  # cut short
+            if stream.peek(1) == b"\n":
+                stream.read(1)
+            elif stream.peek(2) == b"\r\n":
+                stream.read(2)
+        elif not FIELD_NAME.fullmatch(name):
+            continue
+        seen = True
+        key = name.decode("ascii")
+        if key == "__REALTIME_TIMESTAMP":
+            t = _realtime(value)
+        elif key in _WANTED and key not in fields:  # the first of a repeated field, as sd-journal gives
+            fields[key] = _text(value)
+    if seen:
+        yield t, fields
+
+
+def _short(lines: Iterable[bytes], years: _Years, tz: tzinfo | None) -> Iterator[tuple[float | None, Fields]]:
+    """journalctl short, short-precise and short-iso[-precise]; journalctl prints the later lines of
+    a multi-line MESSAGE indented under the first, so they are joined back with \\n."""
+    pending: tuple[float | None, Fields, list[bytes], int] | None = None
+
+    def finish() -> tuple[float | None, Fields]:
+        assert pending is not None
+        t, fields, parts, _ = pending
+        fields["MESSAGE"] = _text(b"\n".join(parts))
+        ident, pid = fields.get("SYSLOG_IDENTIFIER"), fields.get("_PID")
+        if ident == "systemd" and pid == "1" and isinstance(fields["MESSAGE"], str):
+            fields.update(lifecycle_fields(fields["MESSAGE"]) or {})
+        elif ident == "kernel" and pid is None:
+            fields["_TRANSPORT"] = "kernel"
+        return t, fields
+
+    for raw in lines:
+        line = _line(raw)
+        if pending is not None and line[:1] in (b" ", b"\t"):
+            indent = pending[3]
+            stripped = line.lstrip(b" ")
+            pending[2].append(line[min(indent, len(line) - len(stripped)) :])
+            continue
+        if not line.strip() or SEPARATOR.fullmatch(line[:HEAD]):
+            continue
+        if pending is not None:
+            yield finish()
+            pending = None
+        head = line[:HEAD]
+        t, end = _short_time(head, years, tz)
+        if t is None and end == 0:
+            yield None, {"MESSAGE": _text(line)}
+            continue
+        fields: Fields = {}
+        start = end
+        if found := SYSLOG_HEAD.match(head, end):
+            fields["SYSLOG_IDENTIFIER"] = _text(found.group(1))
+            if found.group(2):
+                fields["_PID"] = _ascii(found.group(2))
+            start = found.end()
+        pending = (t, fields, [line[start:]], start)
+    if pending is not None:
+        yield finish()
+
+
+def _short_time(head: bytes, years: _Years, tz: tzinfo | None) -> tuple[float | None, int]:
+    """The time at the start of a short-format line and where it ends; (None, 0) without one."""
+    if found := SHORT_TIME.match(head):
+        month, day, hh, mm, ss, fraction = found.groups()
+        t = years.at(MONTHS[month], int(day), (int(hh), int(mm), int(ss)), _fraction(fraction))
+        return t, found.end()
+    if found := ISO_TIME.match(head):
+        y, mo, d, hh, mm, ss, fraction, zone = found.groups()
+        t = _epoch(int(y), int(mo), int(d), (int(hh), int(mm), int(ss)), _zone(zone, tz))
+        return (t + _fraction(fraction) if t is not None else None), found.end()
+    return None, 0
+
+
+def _docker(lines: Iterable[bytes], unit: str) -> Iterator[tuple[float | None, Fields]]:
+    """docker logs -t (and kubectl logs --timestamps): an RFC 3339 time, one space, the line."""
+    for raw in lines:
+        line = _line(raw)
+        if not line.strip():
+            continue
+        t: float | None = None
+        if found := DOCKER_TIME.match(line[:HEAD]):
+            y, mo, d, hh, mm, ss, fraction, zone = found.groups()
+            t = _epoch(int(y), int(mo), int(d), (int(hh), int(mm), int(ss)), _zone(zone, None))
+            if t is not None:
+                t += _fraction(fraction)
+                line = line[found.end() :]
+        if not line.strip():
+            continue
+        yield t, _unit_fields(line, unit)
+
+
+def _unit_fields(message: bytes, unit: str) -> Fields:
+    fields: Fields = {"MESSAGE": _text(message)}
+    if unit:
+        fields["_SYSTEMD_UNIT"] = unit
+    return fields
+
+
+def _plain(
+    lines: Iterable[bytes], unit: str, years: _Years, tz: tzinfo | None
+) -> Iterator[tuple[float | None, Fields]]:
+    """An engine's own output: each line is one MESSAGE, timed by the engine's own timestamp."""
+    for raw in lines:
+        line = _line(raw)
+        if not line.strip():
+            continue
+        yield _plain_time(line, years, tz), _unit_fields(line, unit)
+
+
+def _plain_time(line: bytes, years: _Years, tz: tzinfo | None) -> float | None:
+    head = line[:HEAD]
+    if b"\x1b" in head:
+        head = ANSI.sub(b"", head)
+    for pattern, layout in PLAIN_TIMES:
+        if not (found := pattern.match(head)):
+            continue
+        groups = found.groups()
+        if layout == "mdhms":
+            mo, d, hh, mm, ss, fraction = groups
+            return years.at(int(mo), int(d), (int(hh), int(mm), int(ss)), _fraction(fraction))
+        if layout == "mdyhms":
+            mo, d, y, hh, mm, ss = groups
+            fraction, zone = None, None
+        else:
+            y, mo, d, hh, mm, ss, fraction, *rest = groups
+            zone = rest[0] if rest else None
+        t = _epoch(int(y), int(mo), int(d), (int(hh), int(mm), int(ss)), _zone(zone, tz))
+        return t + _fraction(fraction) if t is not None else None
+    return None

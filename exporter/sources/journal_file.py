@@ -1,0 +1,96 @@
+"""Saved journal files (one file, or a directory of them) read natively with systemd-python, for replay."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+from typing import Iterator
+
+from systemd import journal
+
+from exporter.formats import FIELDS
+
+SIGNATURE = b"LPKSHHRH"  # the first 8 bytes of every journal file (systemd's journal-def.h)
+MACHINE_DIR = re.compile(r"[0-9a-f]{32}")
+
+
+def is_journal_file(head: bytes) -> bool:
+    """Whether these first bytes of a file are a journal file's."""
+    return head[:8] == SIGNATURE
+
+
+def _journal_files(directory: Path) -> list[Path]:
+    """The files sd_journal_open_directory() reads: *.journal[~] in the directory and in its
+    machine-id subdirectories (not in namespace ones, `<machine-id>.<namespace>`)."""
+    found = []
+    for place in [directory, *(p for p in directory.iterdir() if MACHINE_DIR.fullmatch(p.name) and p.is_dir())]:
+        found += [p for p in place.iterdir() if p.name.endswith((".journal", ".journal~"))]
+    return found
+
+
+def _failed(path: Path, err: OSError) -> OSError:
+    reason = err.strerror or str(err)
+    if err.errno == errno.EPROTONOSUPPORT:
+        reason += " (written by a newer systemd than this libsystemd can read)"
+    elif err.errno == errno.EACCES:
+        reason += " (journal files are readable by root and the systemd-journal group)"
+    return OSError(err.errno, f"cannot read journal {path}: {reason}")
+
+
+def _open(path: Path) -> journal.Reader:
+    try:
+        if path.is_dir():
+            files = _journal_files(path)
+        else:
+            with open(path, "rb") as f:
+                head = f.read(len(SIGNATURE))
+    except OSError as err:
+        raise _failed(path, err) from err
+    if path.is_dir():
+        if not files:
+            namespaces = sorted(p.name for p in path.iterdir() if p.is_dir() and "." in p.name)
+            hint = f"; a namespace's journal is a directory of its own: {', '.join(namespaces)}" if namespaces else ""
+            raise OSError(errno.ENOENT, f"no journal files (*.journal) in directory {path}{hint}")
+        where = {"path": str(path)}
+    elif not is_journal_file(head):
+        raise OSError(errno.EBADMSG, f"{path} is not a journal file (it does not start with {SIGNATURE.decode()})")
+    else:
+        where = {"files": [str(path)]}
+    try:
+        return journal.Reader(**where)
+    except OSError as err:
+        raise _failed(path, err) from err
+
+
+def read_journal_file(path: Path) -> Iterator[tuple[float, dict[str, bytes]]]:
+    """Every entry of a journal file or directory, all boots, in journal order.
+
+    Yields (realtime seconds since the epoch, fields): the fields in `exporter.formats.FIELDS` that
+    the entry has, as raw bytes. OSError with the path and the reason when the journal cannot be
+    opened or read.
+    """
+    path = Path(os.fspath(path))
+    reader = _open(path)
+    try:
+        count = 0
+        while True:
+            try:
+                if not reader._next():
+                    return
+                fields: dict[str, bytes] = {}
+                for name in FIELDS:
+                    try:
+                        fields[name] = reader._get(name)
+                    except KeyError:
+                        pass
+                t = reader._get_realtime() / 1e6
+            except OSError as err:
+                raise OSError(
+                    err.errno, f"cannot read journal {path} after {count} entries: {err.strerror or err}"
+                ) from err
+            count += 1
+            yield t, fields
+    finally:
+        reader.close()
