@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Mapping
@@ -213,6 +213,13 @@ class Attempt:
     ended: float | None = None
     outcome: Outcome | None = None
     ready_at: float | None = None
+    spans: tuple[tuple[Phase, float], ...] = ()  # each phase entered, with when: the timeline
+    gaps: tuple[tuple[float, float, Phase], ...] = ()  # silences past the threshold: (from, to, phase)
+
+    def at(self, phase: Phase, t: float) -> Attempt:
+        """This attempt in `phase` from `t` on, with its timeline extended."""
+        spans = self.spans if phase is Phase.INACTIVE else (*self.spans, (phase, t))
+        return replace(self, phase=phase, phase_since=t, spans=spans)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +231,7 @@ class UnitState:
     info: Mapping[str, str] = field(default_factory=frozen_map)  # engine_version, model
     values: Mapping[str, float] = field(default_factory=frozen_map)  # engine-reported, base units
     attempt: Attempt | None = None
+    previous: Attempt | None = None  # the start before this one, for its timeline
     last_log: float | None = None
     moved: Mapping[Signal, float] = field(default_factory=frozen_map)  # last time each signal moved
     watched_since: float | None = None  # first process sample: we cannot vouch for stillness before it

@@ -60,8 +60,8 @@ def _live(state: UnitState) -> Attempt | None:
 
 def _begin(state: UnitState, t: float, invocation: str) -> UnitState:
     state = _end(state, t) if _live(state) else state
-    attempt = Attempt(started=t, invocation=invocation, phase=Phase.LAUNCHING, phase_since=t)
-    return replace(state, attempt=attempt, values=frozen_map())
+    attempt = Attempt(started=t, invocation=invocation).at(Phase.LAUNCHING, t)
+    return replace(state, attempt=attempt, previous=state.attempt, values=frozen_map())
 
 
 def _enter(state: UnitState, phase: Phase, t: float) -> UnitState:
@@ -75,7 +75,7 @@ def _enter(state: UnitState, phase: Phase, t: float) -> UnitState:
             phase_durations=_observe(state.phase_durations, left, took),
             last_phase_durations=frozen_map({**state.last_phase_durations, left: took}),
         )
-    attempt = replace(attempt, phase=phase, phase_since=t)
+    attempt = attempt.at(phase, t)
     if phase is Phase.READY:  # causes seen on the way no longer explain a later exit
         attempt = replace(attempt, outcome=Outcome.READY, ready_at=t, reason=None)
         state = replace(
@@ -108,7 +108,7 @@ def _fail(state: UnitState, t: float, reason: Reason) -> UnitState:
             startup_durations=_observe(state.startup_durations, Outcome.FAILED, t - attempt.started),
         )
         attempt = replace(attempt, outcome=Outcome.FAILED)
-    return replace(state, attempt=replace(attempt, phase=Phase.FAILED, phase_since=t))
+    return replace(state, attempt=attempt.at(Phase.FAILED, t))
 
 
 def _stop(state: UnitState, t: float) -> UnitState:
@@ -121,7 +121,7 @@ def _stop(state: UnitState, t: float) -> UnitState:
             startup_durations=_observe(state.startup_durations, Outcome.STOPPED, t - attempt.started),
         )
         attempt = replace(attempt, outcome=Outcome.STOPPED)
-    return replace(state, attempt=replace(attempt, phase=Phase.STOPPING, phase_since=t))
+    return replace(state, attempt=attempt.at(Phase.STOPPING, t))
 
 
 def _end(state: UnitState, t: float, reason: Reason | None = None) -> UnitState:
@@ -135,15 +135,16 @@ def _end(state: UnitState, t: float, reason: Reason | None = None) -> UnitState:
     attempt = state.attempt
     assert attempt is not None
     phase = Phase.FAILED if attempt.phase is Phase.FAILED else Phase.INACTIVE
-    return replace(state, attempt=replace(attempt, phase=phase, phase_since=t, ended=t))
+    return replace(state, attempt=replace(attempt.at(phase, t), ended=t))
 
 
 # ---- observations ----
 
 
-def _line(state: UnitState, line: LogLine, grammar: Grammar) -> UnitState:
+def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> UnitState:
     found = grammars.match(grammar, line.text)
     if found is None or not found.heartbeat:  # a heartbeat line says nothing about progress
+        state = _silence_ends(state, line.t, limits)
         state = _moved(replace(state, last_log=line.t), Signal.LOG, line.t)
     attempt = state.attempt
     if attempt is None:
@@ -174,6 +175,14 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar) -> UnitState:
     if found.phase is not None and _forward(attempt.phase, found.phase):
         state = _enter(state, found.phase, line.t)
     return state
+
+
+def _silence_ends(state: UnitState, t: float, limits: Limits) -> UnitState:
+    """A line after a silence past the threshold: the silence goes into the attempt's timeline."""
+    live, last = _live(state), state.last_log
+    if live is None or last is None or last < live.started or t - last < limits.silence:
+        return state
+    return replace(state, attempt=replace(live, gaps=(*live.gaps, (last, t, live.phase))))
 
 
 def _forward(current: Phase, new: Phase) -> bool:
@@ -288,7 +297,7 @@ def _gpu(state: UnitState, sample: GpuSample, limits: Limits) -> UnitState:
 def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits) -> UnitState:
     """The unit's state after one more observation. Observations arrive in time order."""
     if isinstance(obs, LogLine):
-        return _line(state, obs, grammar)
+        return _line(state, obs, grammar, limits)
     if isinstance(obs, Lifecycle):
         return _lifecycle(state, obs)
     if isinstance(obs, ProcessSample):

@@ -273,3 +273,19 @@ def test_a_heartbeat_line_is_no_progress():
         lambda s, o: advance(s, o, tgi, LIMITS), [procs(0, 10), line(1, "Starting shard"), *heartbeats], UnitState(U)
     )
     assert judge(state, 400, LIMITS) is Verdict.STALLED
+
+
+def test_the_attempt_keeps_its_timeline_and_silences():
+    state = fold([*TO_COMPILE, line(200, "torch.compile takes 179.0 s in total"), line(201, "INFO:     Application startup complete.")])
+    assert [p for p, _ in state.attempt.spans] == [
+        Phase.LAUNCHING, Phase.DOWNLOADING, Phase.LOADING_WEIGHTS, Phase.COMPILING, Phase.PROFILING, Phase.READY
+    ]
+    assert state.attempt.spans[3] == (Phase.COMPILING, 21)
+    assert state.attempt.gaps == ((21, 200, Phase.COMPILING),)
+
+
+def test_a_new_attempt_keeps_the_previous_one():
+    state = fold([*TO_COMPILE, procs(31), procs(40, 20, started=39)])
+    assert state.previous.phase is Phase.FAILED
+    assert state.previous.spans[-1] == (Phase.FAILED, 31)
+    assert state.attempt.started == 39
