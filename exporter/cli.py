@@ -68,6 +68,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log.level", dest="log_level", default="info",
                        choices=["debug", "info", "warning", "error"], help="default info")
 
+    status = commands.add_parser(
+        "status", help="where each unit is now, and whether it is moving",
+        description="One line per unit: phase, time in phase and since the start, age of the last log line, "
+        "which signals move and how fast, and the verdict. Reads the journal and samples the processes itself, "
+        "so it works over plain SSH on a host without the agent.")
+    status.add_argument("units", nargs="*", type=_typed(parse_unit), metavar="UNIT",
+                        help="units to show (default: every model-server unit found)")
+    status.add_argument("--format", choices=["text", "json"], default="text", help="default text")
+    add_source_flags(status)
+
+    wait = commands.add_parser(
+        "wait", help="block until a unit is ready (0), failed (1), stalled (2) or the timeout passes (3)",
+        description="Block until UNIT is ready (exit 0), failed (1), stalled (2), or --timeout passes (3); "
+        "a unit that does not exist is exit 4. Prints each phase change and a heartbeat with the evidence.")
+    wait.add_argument("unit_name", type=_typed(parse_unit), metavar="UNIT")
+    wait.add_argument("--timeout", type=_typed(parse_duration), default=1800.0, metavar="DURATION",
+                      help="give up after this long (default 30m)")
+    wait.add_argument("--heartbeat", type=_typed(parse_duration), default=30.0, metavar="DURATION",
+                      help="print the evidence this often when nothing changes (default 30s; "
+                      "on a terminal a live status line instead)")
+    add_source_flags(wait)
+
     demo = commands.add_parser("demo", help="watch a scripted vLLM startup in a private journal (root)",
                                description="Start a private journald namespace, a demo unit printing a real-format "
                                "vLLM startup, and the agent; show phase and verdict live. Ctrl-C stops it all.")
@@ -81,7 +103,7 @@ def config_from(args: argparse.Namespace) -> Config:
         units=tuple(args.unit),
         namespace=args.namespace,
         directory=args.directory,
-        listen=args.listen,
+        listen=getattr(args, "listen", Config.listen),
         interval=args.interval,
         silence=args.silence,
         stall=args.stall,
@@ -94,7 +116,8 @@ def config_from(args: argparse.Namespace) -> Config:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=getattr(args, "log_level", "info").upper(),
+        # serve logs its transitions; the operator's commands print their own and log only trouble
+        level=getattr(args, "log_level", "warning").upper(),
         format="level=%(levelname)s logger=%(name)s msg=%(message)s",
         stream=sys.stderr,
     )
@@ -102,7 +125,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         from exporter.demo.run import run_demo
 
         return run_demo(args.listen)
+    if args.command == "status":
+        from exporter.foreground import run_status
+
+        args.unit += args.units
+        return _clear_errors(lambda: run_status(config_from(args), args.format, sys.stdout))
+    if args.command == "wait":
+        from exporter.foreground import run_wait
+
+        args.unit.append(args.unit_name)
+        return _clear_errors(lambda: run_wait(config_from(args), args.timeout, args.heartbeat, sys.stdout))
     return run_serve(config_from(args))
+
+
+def _clear_errors(command: Callable[[], int]) -> int:
+    from exporter.runtime import StartError
+
+    try:
+        return command()
+    except StartError as error:
+        logger.error("%s", error)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 def run_serve(config: Config, stop: threading.Event | None = None) -> int:

@@ -1,8 +1,8 @@
-"""HTTP: /metrics from a private registry, and a plain landing page at /."""
+"""HTTP: /metrics from a private registry, the landing page at /, and /api/v1/units."""
 
 from __future__ import annotations
 
-import html
+import json
 import socket
 import threading
 from socketserver import ThreadingMixIn
@@ -11,8 +11,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from exporter import __version__
+from exporter import landing
 from exporter.model import Snapshot
+from exporter.report import unit_document
 
 StartResponse = Callable[..., object]
 
@@ -30,35 +31,25 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def _landing(snapshot: Snapshot) -> bytes:
-    rows = "".join(
-        f"<tr><td>{html.escape(v.state.unit)}</td><td>{html.escape(v.state.engine)}</td>"
-        f"<td>{v.state.phase}</td><td>{v.verdict}</td></tr>"
-        for v in snapshot.units
-    )
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>llmstartup</title></head><body>"
-        f"<h1>llmstartup {__version__}</h1><p><a href='/metrics'>Metrics</a></p>"
-        f"<table><tr><th>unit</th><th>engine</th><th>phase</th><th>verdict</th></tr>{rows}</table>"
-        f"</body></html>"
-    ).encode()
-
-
 def make_app(registry: CollectorRegistry, snapshot: Callable[[], Snapshot]) -> Callable[..., Iterable[bytes]]:
     metrics = make_wsgi_app(registry)
 
     def app(environ: dict, start_response: StartResponse) -> Iterable[bytes]:  # type: ignore[type-arg]
         path, method = environ.get("PATH_INFO", "/"), environ.get("REQUEST_METHOD", "GET")
-        if path not in ("/", "/metrics"):
+        if path not in ("/", "/metrics", "/api/v1/units"):
             start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"not found; see /metrics\n"]
+            return [b"not found; see / for the units, /metrics, /api/v1/units\n"]
         if method not in ("GET", "HEAD"):
             start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Type", "text/plain")])
             return [b"method not allowed\n"]
         if path == "/metrics":
             return metrics(environ, start_response)
+        snap = snapshot()
+        if path == "/api/v1/units":
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [json.dumps([unit_document(view, snap) for view in snap.units]).encode()]
         start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-        return [_landing(snapshot())]
+        return [landing.render(snap).encode()]
 
     return app
 

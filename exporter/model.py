@@ -246,6 +246,17 @@ class UnitState:
     cpu_total: float = 0.0
     read_total: int = 0
     written_total: int = 0
+    # how fast things move now, for people: CPU cores in use, bytes read+written a second
+    cpu_rate: float = 0.0
+    io_rate: float = 0.0
+    gpu_at_last_log: int | None = None  # GPU memory when the unit last spoke: what moved in silence
+
+    @property
+    def gpu_memory(self) -> int | None:
+        """All the unit's GPU memory now, or None when unknown or not sampled."""
+        if self.last_gpu is None or any(v is None for v in self.last_gpu.memory.values()):
+            return None
+        return sum(v for v in self.last_gpu.memory.values() if v is not None)
 
     @property
     def phase(self) -> Phase:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -29,10 +30,12 @@ class Runtime:
     agent: Agent
     journal: JournalSource
     gpu: GpuSource | None
-    server: WSGIServer
+    server: WSGIServer | None
+    cgroup_root: Path
 
     @classmethod
-    def start(cls, config: Config) -> Runtime:
+    def start(cls, config: Config, http: bool = True) -> Runtime:
+        """Start the sources (and /metrics when `http`); the caller runs the agent's loop."""
         if config.directory is not None and not config.directory.is_dir():
             raise StartError(f"--journal.directory {config.directory}: no such directory")
         cgroup_root = config.cgroup_root or find_cgroup2_root()
@@ -47,18 +50,21 @@ class Runtime:
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(lambda: agent.snapshot))
         ProcessCollector(namespace="llmstartup_exporter", registry=registry)
-        try:
-            server, _ = serve(*config.listen, make_app(registry, lambda: agent.snapshot))
-        except OSError as error:
-            raise StartError(f"cannot listen on {config.listen[0]}:{config.listen[1]}: {error.strerror}") from None
+        server = None
+        if http:
+            try:
+                server, _ = serve(*config.listen, make_app(registry, lambda: agent.snapshot))
+            except OSError as error:
+                raise StartError(f"cannot listen on {config.listen[0]}:{config.listen[1]}: {error.strerror}") from None
         journal.start()
         if gpu:
             gpu.start()
-        return cls(agent, journal, gpu, server)
+        return cls(agent, journal, gpu, server, cgroup_root)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
         self.journal.stop()
         if self.gpu:
             self.gpu.stop()

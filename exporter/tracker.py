@@ -145,7 +145,7 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
     found = grammars.match(grammar, line.text)
     if found is None or not found.heartbeat:  # a heartbeat line says nothing about progress
         state = _silence_ends(state, line.t, limits)
-        state = _moved(replace(state, last_log=line.t), Signal.LOG, line.t)
+        state = _moved(replace(state, last_log=line.t, gpu_at_last_log=state.gpu_memory), Signal.LOG, line.t)
     attempt = state.attempt
     if attempt is None:
         state = _begin(state, line.t, line.invocation)
@@ -251,6 +251,7 @@ def _processes(state: UnitState, sample: ProcessSample, limits: Limits) -> UnitS
     )
     if before is not None:
         elapsed = max(sample.t - before.t, 1e-9)
+        state = replace(state, cpu_rate=cpu / elapsed, io_rate=(read + written) / elapsed)
         if cpu / elapsed >= limits.cpu_floor:
             state = _moved(state, Signal.CPU, sample.t)
         if read + written >= limits.io_floor:
@@ -285,6 +286,8 @@ def _replaced(before: ProcessSample, sample: ProcessSample, live: Attempt) -> bo
 def _gpu(state: UnitState, sample: GpuSample, limits: Limits) -> UnitState:
     before = state.last_gpu
     state = replace(state, last_gpu=sample)
+    if state.gpu_at_last_log is None:
+        state = replace(state, gpu_at_last_log=state.gpu_memory)
     if before is None:
         return state
     for gpu in sample.memory.keys() | before.memory.keys():

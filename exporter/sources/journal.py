@@ -136,6 +136,7 @@ class JournalSource:
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
         self._position: int | None = None  # realtime µs of the newest entry read
         self.ready_units: frozenset[str] = frozenset()  # units whose earlier lines are all handed over
+        self.seen_units: frozenset[str] = frozenset()  # units with at least one entry this boot
         self.status = SourceStatus("journal", logger, wall)
 
     def watch(self, units: Iterable[str]) -> None:
@@ -194,8 +195,7 @@ class JournalSource:
                     resuming = False
                     fields, t = _entry(reader)
                     self._position = realtime
-                    for obs in to_observations(fields, t, self._units):
-                        self._out.put(obs)
+                    self._hand_over(to_observations(fields, t, self._units))
                 self.status.ok(f"reading {self.place}")
                 reader.wait(0.5)  # returns at once on new entries; INVALIDATE means the same to us
         finally:
@@ -208,6 +208,13 @@ class JournalSource:
             return True
         except OSError:
             return False
+
+    def _hand_over(self, observations: list[Observation | XidError]) -> None:
+        for obs in observations:
+            self._out.put(obs)
+            unit = getattr(obs, "unit", None)
+            if unit and unit not in self.seen_units:
+                self.seen_units |= {unit}
 
     def _backfill(self, until: int) -> None:
         """Read this boot's entries of newly watched units up to where the live reader stands."""
@@ -229,8 +236,7 @@ class JournalSource:
                 reader.add_disjunction()
             while reader._next() and reader._get_realtime() <= until:
                 fields, t = _entry(reader)
-                for obs in to_observations(fields, t, added):
-                    self._out.put(obs)
+                self._hand_over(to_observations(fields, t, added))
         finally:
             reader.close()
         self._units |= added

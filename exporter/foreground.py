@@ -1,0 +1,105 @@
+"""`status` and `wait`: the agent run in the foreground for one operator, without HTTP."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Callable, TextIO
+
+from exporter.config import Config
+from exporter.model import Snapshot, UnitView, Verdict
+from exporter.report import duration, status_line, unit_document
+from exporter.runtime import Runtime
+from exporter.sources.units import unit_exists
+
+HISTORY_WAIT = 10.0  # at most this long for the journal to hand over the units' earlier lines
+
+# wait's exit codes, as documented in the README
+READY, FAILED, STALLED, TIMED_OUT, NO_SUCH_UNIT = 0, 1, 2, 3, 4
+VERDICT_EXIT = {Verdict.READY: READY, Verdict.FAILED: FAILED, Verdict.STALLED: STALLED}
+
+
+class NoSuchUnit(Exception):
+    pass
+
+
+def _settle(runtime: Runtime, units: list[str], sleep: Callable[[float], None]) -> Snapshot:
+    """Tick until every named unit's history is read, then once more a second later for rates."""
+    deadline = time.monotonic() + HISTORY_WAIT
+    journal = runtime.journal
+    snap = runtime.agent.tick()
+    while not set(units) <= journal.ready_units and not journal.status.failing and time.monotonic() < deadline:
+        sleep(0.1)
+        snap = runtime.agent.tick()
+    missing = [u for u in units if not unit_exists(u, runtime.cgroup_root, journal.seen_units)]
+    if missing:
+        raise NoSuchUnit(", ".join(missing))
+    sleep(1.0)  # two process samples a second apart: CPU and I/O rates
+    return runtime.agent.tick()
+
+
+def run_status(
+    config: Config, fmt: str, out: TextIO, err: TextIO = sys.stderr, sleep: Callable[[float], None] = time.sleep
+) -> int:
+    units = [u for u, _ in config.units]
+    runtime = Runtime.start(config, http=False)
+    try:
+        snap = _settle(runtime, units, sleep)
+    except NoSuchUnit as error:
+        err.write(f"llmstartup status: no such unit: {error} (no unit file, no cgroup, no journal lines this boot)\n")
+        return NO_SUCH_UNIT
+    finally:
+        runtime.close()
+    views = [v for v in snap.units if not units or v.state.unit in units]
+    if fmt == "json":
+        json.dump([unit_document(v, snap) for v in views], out, indent=2)
+        out.write("\n")
+    elif not views:
+        out.write("no model-server units found; name one, or see --unit\n")
+    else:
+        out.writelines(status_line(v, snap) + "\n" for v in views)
+    return 0
+
+
+def run_wait(
+    config: Config,
+    timeout: float,
+    heartbeat: float,
+    out: TextIO,
+    err: TextIO = sys.stderr,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Block until the unit is ready, failed or stalled, or the timeout passes; print as it goes."""
+    [unit] = [u for u, _ in config.units]
+    live = out.isatty()
+    started = time.monotonic()
+    runtime = Runtime.start(config, http=False)
+    try:
+        try:
+            snap = _settle(runtime, [unit], sleep)
+        except NoSuchUnit:
+            err.write(f"llmstartup wait: no such unit: {unit} (no unit file, no cgroup, no journal lines this boot)\n")
+            return NO_SUCH_UNIT
+        last: UnitView | None = None
+        said = 0.0
+        while True:
+            view = next(v for v in snap.units if v.state.unit == unit)
+            line = status_line(view, snap)
+            changed = last is None or view.state.phase is not last.state.phase or view.verdict is not last.verdict
+            if changed or (not live and time.monotonic() - said >= heartbeat):
+                out.write(("\r\x1b[K" if live else "") + line + "\n")
+                said = time.monotonic()
+            elif live:
+                out.write("\r\x1b[K" + line)
+            out.flush()
+            last = view
+            if view.verdict in VERDICT_EXIT:
+                return VERDICT_EXIT[view.verdict]
+            if time.monotonic() - started >= timeout:
+                out.write(("\r\x1b[K" if live else "") + f"{unit}: timed out after {duration(timeout)}: {line}\n")
+                return TIMED_OUT
+            sleep(config.interval)
+            snap = runtime.agent.tick()
+    finally:
+        runtime.close()

@@ -1,0 +1,124 @@
+"""What an operator reads about a unit: a status line, a JSON document, a timeline; pure."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from exporter.model import Attempt, Phase, Snapshot, UnitState, UnitView
+
+GiB = 2**30
+
+
+def duration(seconds: float | None) -> str:
+    """`2h05m`, `2m10s`, `12.3s`: short and readable, for people."""
+    if seconds is None:
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def size(n: float) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def iso(wall: float | None) -> str | None:
+    if wall is None:
+        return None
+    return datetime.fromtimestamp(wall, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def signals(state: UnitState) -> dict[str, Any]:
+    """How fast each liveness signal moves now."""
+    sample = state.last_process
+    gpu = state.gpu_memory
+    change = None if gpu is None or state.gpu_at_last_log is None else gpu - state.gpu_at_last_log
+    return {
+        "cpu_cores": round(state.cpu_rate, 2),
+        "io_bytes_per_second": round(state.io_rate),
+        "gpu_memory_bytes": gpu,
+        "gpu_memory_change_since_last_log_bytes": change,
+        "processes": len(sample.ids) if sample else 0,
+    }
+
+
+def unit_document(view: UnitView, snap: Snapshot) -> dict[str, Any]:
+    """One unit as `status --format json` and `/api/v1/units` give it."""
+    state, now, wall = view.state, snap.t, snap.wall_offset
+    attempt = state.attempt
+    live = attempt is not None and attempt.ended is None
+    return {
+        "unit": state.unit,
+        "engine": state.engine,
+        "engine_version": state.info.get("engine_version"),
+        "model": state.info.get("model"),
+        "phase": str(state.phase),
+        "verdict": str(view.verdict),
+        "phase_seconds": round(now - attempt.phase_since, 3) if attempt else None,
+        "startup_seconds": round((attempt.ready_at or attempt.ended or now) - attempt.started, 3) if attempt else None,
+        "startup_start": iso(attempt.started + wall) if attempt else None,
+        "last_log_age_seconds": round(now - state.last_log, 3) if state.last_log is not None else None,
+        "failure_reason": str(attempt.reason) if attempt and attempt.reason and attempt.phase is Phase.FAILED else None,
+        "signals": signals(state) if live else None,
+        "values": dict(state.values),
+        "timeline": timeline(attempt, now, wall) if attempt else [],
+        "previous_timeline": timeline(state.previous, now, wall) if state.previous else [],
+    }
+
+
+def timeline(attempt: Attempt, now: float, wall: float | None) -> list[dict[str, Any]]:
+    """Each phase of an attempt with its start and duration (the last one runs until now or the end).
+
+    `wall` turns the attempt's times into wall-clock ones; None when the times are already wall clock.
+    """
+    offset = wall or 0.0
+    end = attempt.ended if attempt.ended is not None else now
+    spans = []
+    for (phase, start), nxt in zip(attempt.spans, [*attempt.spans[1:], None]):
+        stop = nxt[1] if nxt else (start if phase in (Phase.READY, Phase.FAILED) else end)
+        spans.append({"phase": str(phase), "start": iso(start + offset), "duration_seconds": round(stop - start, 3)})
+    return spans
+
+
+def gaps(attempt: Attempt, wall: float | None) -> list[dict[str, Any]]:
+    offset = wall or 0.0
+    return [
+        {"start": iso(start + offset), "duration_seconds": round(stop - start, 3), "phase": str(phase)}
+        for start, stop, phase in attempt.gaps
+    ]
+
+
+def status_line(view: UnitView, snap: Snapshot) -> str:
+    """`vllm-glm5.service  compiling 2m10s  startup 8m03s  no log 1m05s  CPU 7.6 cores  GPU 51.0 GiB (+1.8 GiB)  silent_progress`"""
+    state, now = view.state, snap.t
+    parts = [state.unit]
+    attempt = state.attempt
+    if attempt is None:
+        return f"{state.unit}  {state.phase}  {view.verdict}"
+    parts.append(f"{state.phase} {duration(now - attempt.phase_since)}")
+    if attempt.ready_at is not None:
+        parts.append(f"ready after {duration(attempt.ready_at - attempt.started)}")
+    elif attempt.ended is None:
+        parts.append(f"startup {duration(now - attempt.started)}")
+    if attempt.phase is Phase.FAILED and attempt.reason:
+        parts.append(f"reason {attempt.reason}")
+    if state.last_log is not None and attempt.ended is None:
+        parts.append(f"no log for {duration(now - state.last_log)}")
+    if attempt.ended is None and attempt.phase is not Phase.READY:
+        sig = signals(state)
+        parts.append(f"CPU {sig['cpu_cores']:.1f} cores")
+        if sig["io_bytes_per_second"]:
+            parts.append(f"IO {size(sig['io_bytes_per_second'])}/s")
+        if sig["gpu_memory_bytes"] is not None:
+            change = sig["gpu_memory_change_since_last_log_bytes"]
+            sign = "+" if change and change > 0 else ""
+            parts.append(f"GPU {size(sig['gpu_memory_bytes'])}" + (f" ({sign}{size(change)})" if change else ""))
+    return "  ".join(parts) + f": {view.verdict}"

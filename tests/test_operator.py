@@ -1,0 +1,85 @@
+"""`llmstartup status` and `llmstartup wait` against scripted units in the test journald."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.scrape import INTERVAL, SILENCE, STALL
+from tests.test_serve import CUDA_OOM, HANG_AFTER_COMPILE, LOAD
+
+READY_QUICKLY = [*LOAD, {"log": "torch.compile takes 2.10 s in total"}, {"sleep": 3},
+                 {"raw": "INFO:     Application startup complete."}, {"hang": True}]
+SLOW = [*LOAD, {"burn": 120, "workers": 1}]
+
+
+def llmstartup(journald, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    flags = ["--journal.namespace", journald.namespace, "--sample.interval", f"{INTERVAL:g}s",
+             "--silence.threshold", f"{SILENCE:g}s", "--stall.threshold", f"{STALL:g}s", "--no-collector.gpu"]
+    return subprocess.run([sys.executable, "-m", "exporter", *args, *flags], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("steps", "code", "says"),
+    [
+        pytest.param(READY_QUICKLY, 0, ": ready", id="ready: 0"),
+        pytest.param(CUDA_OOM, 1, "reason cuda_oom", id="failed: 1"),
+        pytest.param(HANG_AFTER_COMPILE, 2, ": stalled", id="stalled: 2"),
+    ],
+)
+def test_wait_exit_codes(units, journald, steps, code, says):
+    unit = units("wait", steps)
+    done = llmstartup(journald, "wait", unit.name, "--heartbeat", "2s")
+    assert done.returncode == code, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert says in lines[-1]
+    if code == 2:  # it took the stall threshold: the silent phase was printed on the way
+        assert any(" compiling " in line and "silent_progress" in line for line in lines)
+
+
+def test_wait_times_out(units, journald):
+    unit = units("slow", SLOW)
+    done = llmstartup(journald, "wait", unit.name, "--timeout", "6s", "--heartbeat", "2s")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "timed out after" in done.stdout
+    heartbeats = [l for l in done.stdout.splitlines() if "silent_progress" in l]
+    assert heartbeats and "CPU" in heartbeats[-1], "the heartbeat shows the evidence"
+
+
+def test_wait_for_a_unit_that_does_not_exist(journald):
+    done = llmstartup(journald, "wait", "no-such-model-server")
+    assert done.returncode == 4
+    assert "no such unit: no-such-model-server.service" in done.stderr
+
+
+def test_status_text_and_json(units, journald, journal_records):
+    ready = units("ready", READY_QUICKLY)
+    hang = units("hang", HANG_AFTER_COMPILE)
+    journal_records(ready, until=lambda es: any("startup complete" in str(e.get("MESSAGE")) for e in es))
+    journal_records(hang, until=lambda es: any("torch.compile" in str(e.get("MESSAGE")) for e in es))
+
+    text = llmstartup(journald, "status", ready.name, hang.name)
+    assert text.returncode == 0, text.stderr
+    by_unit = {line.split()[0]: line for line in text.stdout.splitlines()}
+    assert "ready after" in by_unit[ready.name] and by_unit[ready.name].endswith(": ready")
+    assert " compiling " in by_unit[hang.name] and "no log for" in by_unit[hang.name]
+
+    done = llmstartup(journald, "status", ready.name, hang.name, "--format", "json")
+    docs = {d["unit"]: d for d in json.loads(done.stdout)}
+    assert docs[ready.name]["verdict"] == "ready"
+    assert docs[hang.name]["phase"] == "compiling"
+    for doc in docs.values():
+        assert {"unit", "engine", "phase", "verdict", "phase_seconds", "startup_seconds",
+                "last_log_age_seconds", "signals"} <= doc.keys()
+    assert docs[hang.name]["signals"]["processes"] >= 1
+    assert [span["phase"] for span in docs[ready.name]["timeline"]][-1] == "ready"
+
+
+def test_status_of_a_unit_that_does_not_exist(journald):
+    done = llmstartup(journald, "status", "nope")
+    assert done.returncode == 4
+    assert "no such unit" in done.stderr
