@@ -75,11 +75,12 @@ def _unit(view: UnitView, snap: Snapshot) -> str:
 
 
 def _bar(attempt: Attempt, now: float, css: str) -> str:
-    end = attempt.ended if attempt.ended is not None else now
+    # The bar is the startup: it ends where the start became ready, failed or ended.
+    end = next((t for t in (attempt.ready_at, attempt.ended) if t is not None), now)
     total = max(end - attempt.started, 1e-9)
     spans = []
     for (phase, start), nxt in zip(attempt.spans, [*attempt.spans[1:], None]):
-        stop = nxt[1] if nxt else end
+        stop = min(nxt[1] if nxt else end, end)
         seconds = max(0.0, stop - start)
         width = max(seconds / total * 100, 0.4)
         text = f"{phase} {duration(seconds)}"

@@ -110,7 +110,7 @@ def status_line(view: UnitView, snap: Snapshot) -> str:
         parts.append(f"startup {duration(now - attempt.started)}")
     if attempt.phase is Phase.FAILED and attempt.reason:
         parts.append(f"reason {attempt.reason}")
-    if state.last_log is not None and attempt.ended is None:
+    if state.last_log is not None and attempt.ended is None and attempt.ready_at is None:
         parts.append(f"no log for {duration(now - state.last_log)}")
     if attempt.ended is None and attempt.phase is not Phase.READY:
         sig = signals(state)
