@@ -1,4 +1,4 @@
-"""Saved logs (journalctl json/export/short*, docker logs -t, plain engine output) as (time, journal-like fields)."""
+"""Saved logs (journalctl json/export/short*, docker logs -t, engine output) as (time, journal fields)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ Fields = dict[str, bytes | str]
 class Format(StrEnum):
     """How a saved log is written; the values are journalctl's `-o` names where there is one."""
 
-    JOURNAL_JSON = "json"  # journalctl -o json
+    JOURNAL_JSON = "json"  # journalctl -o json (or json-seq)
     JOURNAL_EXPORT = "export"  # journalctl -o export
     SHORT = "short"  # journalctl [-o short]: "Nov 29 12:00:01 host ident[pid]: msg"
     SHORT_ISO = "short-iso"  # journalctl -o short-iso[-precise], rsyslog's RFC 3339 files
@@ -46,7 +46,8 @@ HEAD = 512  # header regexes only ever look at this much of a line
 MAX_FIELD = 64 * 1024 * 1024  # a binary export field longer than this is taken for garbage
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 FIELD_NAME = re.compile(rb"[A-Z_][A-Z0-9_]{0,63}")
-SEPARATOR = re.compile(rb"-- .* --")  # journalctl's "-- Boot … --", "-- No entries --", "-- Logs begin at … --"
+# journalctl's "-- Boot … --", "-- No entries --", "-- Logs begin at … --" lines
+SEPARATOR = re.compile(rb"-- .* --")
 
 _ZONE = rb"(Z|[+-]\d\d:?\d\d)"
 _FRACTION = rb"(?:[.,](\d{1,9}))?"
@@ -73,11 +74,14 @@ PLAIN_TIMES: tuple[tuple[re.Pattern[bytes], str], ...] = (
     (re.compile(_YMD_HMS + _ZONE + rb"?\s"), "ymdhms"),  # TGI, Python's default asctime, RFC 3339
     (re.compile(rb"time=" + _YMD_HMS + _ZONE + rb"?\s"), "ymdhms"),  # Ollama (Go slog)
     (re.compile(rb"(\d{4})/(\d\d)/(\d\d) (\d\d):(\d\d):(\d\d)" + _FRACTION + rb"\s"), "ymdhms"),  # Go log
-    (re.compile(rb"\[GIN\] (\d{4})/(\d\d)/(\d\d) - (\d\d):(\d\d):(\d\d)" + _FRACTION + rb" "), "ymdhms"),  # Ollama's HTTP log
+    # Ollama's HTTP log: "[GIN] 2026/11/29 - 12:00:35 | 200 | …"
+    (re.compile(rb"\[GIN\] (\d{4})/(\d\d)/(\d\d) - (\d\d):(\d\d):(\d\d)" + _FRACTION + rb" "), "ymdhms"),
     (re.compile(rb"[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9})\s+\d+ "), "mdhms"),  # glog: Triton
-    (re.compile(rb"(?:\[rank\d+\]:)?\[[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9}) "), "mdhms"),  # torch's c10
+    # torch's c10 warnings: "[rank0]:[W1129 12:00:01.112374421 ProcessGroupNCCL.cpp:1538] …"
+    (re.compile(rb"(?:\[rank\d+\]:)?\[[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9}) "), "mdhms"),
     (re.compile(rb"\[(\d\d)/(\d\d)/(\d{4})-(\d\d):(\d\d):(\d\d)\]"), "mdyhms"),  # trtllm-serve
-    (re.compile(rb'\{.{0,200}?"(?:timestamp|time|ts)"\s*:\s*"' + _YMD_HMS + _ZONE + rb'?"'), "ymdhms"),  # JSON
+    # JSON logs (TGI --json-output): {"timestamp":"2026-11-29T12:00:01.118245Z",…}
+    (re.compile(rb'\{.{0,200}?"(?:timestamp|time|ts)"\s*:\s*"' + _YMD_HMS + _ZONE + rb'?"'), "ymdhms"),
 )
 
 
@@ -113,6 +117,18 @@ def _epoch(year: int, month: int, day: int, hms: tuple[int, int, int], zone: tzi
         return datetime(year, month, day, *hms, tzinfo=zone).timestamp()
     except (ValueError, OverflowError, OSError):
         return None
+
+
+def _stamp(groups: tuple[bytes | None, ...], default: tzinfo | None) -> float | None:
+    """Regex groups year, month, day, hour, minute, second, fraction[, zone] as seconds since the
+    epoch, in `default` when the zone is absent; None for an impossible time or zone."""
+    y, mo, d, hh, mm, ss, fraction, *zone = groups
+    try:
+        tz = _zone(zone[0] if zone else None, default)
+    except ValueError:  # an offset of 24 hours or more
+        return None
+    t = _epoch(int(y or 0), int(mo or 0), int(d or 0), (int(hh or 0), int(mm or 0), int(ss or 0)), tz)
+    return t + _fraction(fraction) if t is not None else None
 
 
 def _line(raw: bytes) -> bytes:
@@ -177,9 +193,9 @@ def _classify(line: bytes) -> Format | None:
     """Which format one line looks like; None for lines that say nothing (blank, separators, indented)."""
     if not line.strip() or line[:1] in b" \t" or SEPARATOR.fullmatch(line[:HEAD]):
         return None
-    if line[:1] == b"{":
+    if line[:1] in (b"{", b"\x1e"):
         try:
-            entry = json.loads(line)
+            entry = json.loads(line.lstrip(b"\x1e"))
         except (ValueError, RecursionError):
             return Format.PLAIN
         journal_keys = ("__REALTIME_TIMESTAMP", "__CURSOR", "MESSAGE", "_BOOT_ID")
@@ -215,6 +231,8 @@ def detect(head: list[bytes]) -> Format:
         _line(raw).startswith((b"__CURSOR=", b"__REALTIME_TIMESTAMP=")) for raw in head[:50]
     ):
         votes[Format.PLAIN] += votes.pop(Format.JOURNAL_EXPORT)  # KEY=value lines alone prove nothing
+    if not any(votes.values()):
+        return Format.PLAIN
     return max(votes, key=lambda kind: (votes[kind], -_PRIORITY.index(kind)))
 
 
@@ -233,7 +251,8 @@ UNIT_FAILURE_RESULT = "d9b373ed55a64feb8242e02dbe79a49c"
 UNIT_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
 UNIT_OUT_OF_MEMORY = "fe6faa94e7774663a0da52717891d8ef"
 
-_UNIT = r"(?P<unit>[A-Za-z0-9:_.\\@-]+\.(?:service|socket|target|device|mount|automount|swap|timer|path|slice|scope))"
+_SUFFIXES = "service|socket|target|device|mount|automount|swap|timer|path|slice|scope"
+_UNIT = rf"(?P<unit>[A-Za-z0-9:_.\\@-]+\.(?:{_SUFFIXES}))"
 # Job messages name the unit as "Description", or as "unit - Description" (newer systemd), or as
 # the bare unit name when it has no description; only the latter two tell which unit it was.
 _JOB_TEXTS = (
@@ -306,6 +325,7 @@ def entries(
     caller carries the previous one forward. Malformed input never raises: lines that cannot be
     read are passed on as a MESSAGE with t None (text formats) or skipped (journal formats).
     """
+    fmt = Format(fmt)
     if fmt is Format.JOURNAL_JSON:
         return _json(lines)
     if fmt is Format.JOURNAL_EXPORT:
@@ -343,7 +363,7 @@ def _json_value(value: object) -> bytes | str | None:
 
 def _json(lines: Iterable[bytes]) -> Iterator[tuple[float | None, Fields]]:
     for raw in lines:
-        line = raw.strip()
+        line = raw.strip().lstrip(b"\x1e")  # -o json-seq puts an RS before each entry
         if not line.startswith(b"{"):
             continue
         try:
@@ -503,9 +523,7 @@ def _short_time(head: bytes, years: _Years, tz: tzinfo | None) -> tuple[float | 
         t = years.at(MONTHS[month], int(day), (int(hh), int(mm), int(ss)), _fraction(fraction))
         return t, found.end()
     if found := ISO_TIME.match(head):
-        y, mo, d, hh, mm, ss, fraction, zone = found.groups()
-        t = _epoch(int(y), int(mo), int(d), (int(hh), int(mm), int(ss)), _zone(zone, tz))
-        return (t + _fraction(fraction) if t is not None else None), found.end()
+        return _stamp(found.groups(), tz), found.end()
     return None, 0
 
 
@@ -516,12 +534,8 @@ def _docker(lines: Iterable[bytes], unit: str) -> Iterator[tuple[float | None, F
         if not line.strip():
             continue
         t: float | None = None
-        if found := DOCKER_TIME.match(line[:HEAD]):
-            y, mo, d, hh, mm, ss, fraction, zone = found.groups()
-            t = _epoch(int(y), int(mo), int(d), (int(hh), int(mm), int(ss)), _zone(zone, None))
-            if t is not None:
-                t += _fraction(fraction)
-                line = line[found.end() :]
+        if (found := DOCKER_TIME.match(line[:HEAD])) and (t := _stamp(found.groups(), None)) is not None:
+            line = line[found.end() :]
         if not line.strip():
             continue
         yield t, _unit_fields(line, unit)
@@ -558,10 +572,6 @@ def _plain_time(line: bytes, years: _Years, tz: tzinfo | None) -> float | None:
             return years.at(int(mo), int(d), (int(hh), int(mm), int(ss)), _fraction(fraction))
         if layout == "mdyhms":
             mo, d, y, hh, mm, ss = groups
-            fraction, zone = None, None
-        else:
-            y, mo, d, hh, mm, ss, fraction, *rest = groups
-            zone = rest[0] if rest else None
-        t = _epoch(int(y), int(mo), int(d), (int(hh), int(mm), int(ss)), _zone(zone, tz))
-        return t + _fraction(fraction) if t is not None else None
+            groups = (y, mo, d, hh, mm, ss, None)
+        return _stamp(groups, tz)
     return None

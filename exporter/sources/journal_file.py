@@ -25,7 +25,8 @@ def _journal_files(directory: Path) -> list[Path]:
     """The files sd_journal_open_directory() reads: *.journal[~] in the directory and in its
     machine-id subdirectories (not in namespace ones, `<machine-id>.<namespace>`)."""
     found = []
-    for place in [directory, *(p for p in directory.iterdir() if MACHINE_DIR.fullmatch(p.name) and p.is_dir())]:
+    machines = [p for p in directory.iterdir() if MACHINE_DIR.fullmatch(p.name) and p.is_dir()]
+    for place in [directory, *machines]:
         found += [p for p in place.iterdir() if p.name.endswith((".journal", ".journal~"))]
     return found
 
@@ -41,25 +42,24 @@ def _failed(path: Path, err: OSError) -> OSError:
 
 def _open(path: Path) -> journal.Reader:
     try:
-        if path.is_dir():
-            files = _journal_files(path)
+        directory = path.is_dir()
+        if directory:
+            files, head = _journal_files(path), b""
         else:
             with open(path, "rb") as f:
-                head = f.read(len(SIGNATURE))
+                files, head = [path], f.read(len(SIGNATURE))
     except OSError as err:
         raise _failed(path, err) from err
-    if path.is_dir():
-        if not files:
-            namespaces = sorted(p.name for p in path.iterdir() if p.is_dir() and "." in p.name)
-            hint = f"; a namespace's journal is a directory of its own: {', '.join(namespaces)}" if namespaces else ""
-            raise OSError(errno.ENOENT, f"no journal files (*.journal) in directory {path}{hint}")
-        where = {"path": str(path)}
-    elif not is_journal_file(head):
-        raise OSError(errno.EBADMSG, f"{path} is not a journal file (it does not start with {SIGNATURE.decode()})")
-    else:
-        where = {"files": [str(path)]}
+    if directory and not files:
+        namespaces = sorted(p.name for p in path.iterdir() if p.is_dir() and "." in p.name)
+        hint = f"; a namespace's journal has a directory of its own: {', '.join(namespaces)}"
+        hint *= bool(namespaces)
+        raise OSError(errno.ENOENT, f"no journal files (*.journal) in directory {path}{hint}")
+    if not directory and not is_journal_file(head):
+        signature = SIGNATURE.decode()
+        raise OSError(errno.EBADMSG, f"{path} is not a journal file (it does not start with {signature})")
     try:
-        return journal.Reader(**where)
+        return journal.Reader(path=str(path)) if directory else journal.Reader(files=[str(path)])
     except OSError as err:
         raise _failed(path, err) from err
 
