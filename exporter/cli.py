@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -12,6 +13,7 @@ from typing import Callable, Sequence
 
 from exporter import __version__
 from exporter.config import Config, parse_duration, parse_listen, parse_unit
+from exporter.grammar import ENGINES
 
 logger = logging.getLogger("llmstartup")
 
@@ -90,6 +92,22 @@ def build_parser() -> argparse.ArgumentParser:
                       "on a terminal a live status line instead)")
     add_source_flags(wait)
 
+    replay = commands.add_parser(
+        "replay", help="where did a saved log's startup go, and where did it hang",
+        description="Feed a saved log through the same core: a journal file, journalctl -o json/export/short/"
+        "short-iso/short-precise output, docker logs -t, or an engine's plain output (detected). Prints each "
+        "unit's last start: its phases with start and duration, the silent gaps, and the outcome.")
+    replay.add_argument("file", metavar="FILE|-", help="the log; - reads standard input")
+    replay.add_argument("--engine", choices=[e for e in ENGINES if e != "generic"],
+                        help="the engine (default: told from the lines)")
+    replay.add_argument("--unit", dest="units", action="append", default=[], metavar="NAME",
+                        help="only this unit (repeatable); also the name for a plain engine log")
+    replay.add_argument("--format", choices=["text", "json"], default="text", help="default text")
+    replay.add_argument("--silence.threshold", dest="silence", type=_typed(parse_duration), default=60.0,
+                        metavar="DURATION", help="a gap between lines this long is a silent gap (default 60s)")
+    replay.add_argument("--year", type=int, help="the year of a log whose lines print none "
+                        "(default: the file's modification year)")
+
     demo = commands.add_parser("demo", help="watch a scripted vLLM startup in a private journal (root)",
                                description="Start a private journald namespace, a demo unit printing a real-format "
                                "vLLM startup, and the agent; show phase and verdict live. Ctrl-C stops it all.")
@@ -125,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from exporter.demo.run import run_demo
 
         return run_demo(args.listen)
+    if args.command == "replay":
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `replay big.log | head` ends quietly
+        return run_replay(args)
     if args.command == "status":
         from exporter.foreground import run_status
 
@@ -136,6 +157,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.unit.append(args.unit_name)
         return _clear_errors(lambda: run_wait(config_from(args), args.timeout, args.heartbeat, sys.stdout))
     return run_serve(config_from(args))
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from exporter import replay
+    from exporter.model import Limits
+    from exporter.sources import saved_log
+
+    def progress(done: int, total: int) -> None:
+        sys.stderr.write(f"\rreplay: {done / total:4.0%} of {total / 2**20:.0f} MiB")
+
+    units = [parse_unit(u)[0] if "." not in u else u for u in args.units]
+    run = replay.Replay(args.engine, Limits(silence=args.silence), default_unit=units[0] if units else "",
+                        only=units)
+    try:
+        run.feed(saved_log.entries(args.file, units[0] if units else "", args.year,
+                                   progress if sys.stderr.isatty() else None))
+    except OSError as error:
+        logger.error("cannot read %s: %s", args.file, error.strerror or error)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")
+    results = run.results()
+    if not results:
+        logger.error("no model-server startup found in %s (%d lines read)", args.file, run.lines)
+        return 1
+    if args.format == "json":
+        docs = [replay.document(r) for r in results]
+        json.dump(docs[0] if len(docs) == 1 else docs, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for result in results:
+            sys.stdout.writelines(line + "\n" for line in replay.text(result))
+    return 0
 
 
 def _clear_errors(command: Callable[[], int]) -> int:

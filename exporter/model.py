@@ -218,7 +218,8 @@ class Attempt:
 
     def at(self, phase: Phase, t: float) -> Attempt:
         """This attempt in `phase` from `t` on, with its timeline extended."""
-        spans = self.spans if phase is Phase.INACTIVE else (*self.spans, (phase, t))
+        same = phase is Phase.INACTIVE or (self.spans and self.spans[-1][0] is phase)
+        spans = self.spans if same else (*self.spans, (phase, t))
         return replace(self, phase=phase, phase_since=t, spans=spans)
 
 

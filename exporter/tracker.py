@@ -68,7 +68,8 @@ def _enter(state: UnitState, phase: Phase, t: float) -> UnitState:
     """Move the live attempt forward to `phase`, observing how long the phase it leaves took."""
     attempt = state.attempt
     assert attempt is not None
-    left, took = attempt.phase, max(0.0, t - attempt.phase_since)
+    t = max(t, attempt.phase_since)  # a back-dated \r bar cannot start before the phase it ends
+    left, took = attempt.phase, t - attempt.phase_since
     if left in STARTUP_ORDER and left is not Phase.READY:
         state = replace(
             state,
