@@ -110,7 +110,9 @@ def load(engine: str) -> Grammar:
     return parse(engine, text)
 
 
-ENGINES = ("vllm", "generic")
+# The agent loads the grammars in this order and detect() tries them in it: the first whose command
+# pattern matches names the engine. `generic` claims no process: it is for a unit whose engine is unknown.
+ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "ollama", "triton", "generic")
 
 
 def match(grammar: Grammar, record: str) -> Match | None:
