@@ -1,0 +1,41 @@
+"""A real model server under the agent: llama-cpp-python's server on the CPU, with a tiny random model.
+
+Nobody here wrote its log lines: llama.cpp's loader and uvicorn print what they always print.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from exporter.demo import sandbox
+from tests.scrape import Scrape, fetch, free_port, wait_for
+from tests.tiny_model import write_tiny_llama
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python[server] is installed by .ci/setup"
+)
+
+
+def test_the_agent_follows_llama_cpp_to_ready(agent, journald, tmp_path):
+    model = write_tiny_llama(tmp_path / "tiny-random-llama.gguf")
+    port = free_port()
+    name = "test-llamacpp-tiny.service"
+    metrics = agent(f"{name}=llamacpp")
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "--n_ctx", "128"]
+    with sandbox.start_unit(journald, name, argv):
+        final = wait_for(lambda: (s := Scrape(fetch(metrics))).one_of("unit_verdict", name, "verdict") == "ready" and s,
+                         120, "llama.cpp's server to be followed to ready")
+        # It loads in a blink, so no scrape sees the phases; each one's duration was observed once.
+        for phase in ("launching", "loading_weights", "allocating_kv_cache", "starting_api"):
+            assert final.value("llmstartup_phase_duration_seconds_count", unit=name, phase=phase) == 1, phase
+        info = final.all("llmstartup_unit_info", unit=name)[0].labels
+        assert info["engine"] == "llamacpp"
+        assert info["model"] == str(model)
+        assert final.value("llmstartup_startups_total", unit=name, outcome="ready") == 1
+        assert final.value("llmstartup_kv_cache_tokens", unit=name) >= 128  # llama.cpp rounds n_ctx up
+        # and the server the agent called ready really answers
+        assert "tiny-random-llama" in fetch(port, "/v1/models")
