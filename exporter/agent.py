@@ -13,7 +13,7 @@ from exporter.config import Config
 from exporter.grammar import Grammar
 from exporter.model import Fault, GpuSample, Observation, Snapshot, UnitState, UnitView, XidError, frozen_map
 from exporter.sources.gpu import GpuReading, GpuSource, by_unit
-from exporter.sources.journal import JournalSource
+from exporter.sources.journal_process import JournalSource
 from exporter.sources.processes import ProcessSource
 from exporter.sources.status import SourceStatus
 from exporter.tracker import advance, judge
@@ -85,6 +85,20 @@ class Agent:
             self.states[obs.unit] = advance(before, obs, self.grammars[self.engine(obs.unit)], self.limits)
         self.snapshot = self._publish(units, t, offset)
         return self.snapshot
+
+    def warm_up(self, timeout: float = 10.0) -> Snapshot:
+        """Tick until the watched units' earlier lines are read, so that the first snapshot anyone
+        sees after a (re)start already shows where each unit is, rather than nothing."""
+        deadline = self._clock() + timeout
+        snap = self.tick()
+        while (
+            not set(self.engines) <= self.journal.ready_units
+            and not self.journal.status.failing
+            and self._clock() < deadline
+        ):
+            time.sleep(0.05)
+            snap = self.tick()
+        return self.tick()  # once more: the process side of units whose history just arrived
 
     def run(self, stop: threading.Event) -> None:
         """Tick every sample interval until `stop` is set; a failing tick is logged, not fatal."""
@@ -168,4 +182,5 @@ class Agent:
             gpus=reading.devices if reading else (),
             xid_errors=frozen_map(self.xid_errors),
             stale_after=self.limits.stale,
+            journal_reader_restarts=self.journal.restarts,
         )

@@ -134,4 +134,9 @@ class SnapshotCollector(Collector):
             up.add_metric([source], float(health.up))
             if health.last_success is not None:
                 success.add_metric([source], health.last_success)
-        yield from (up, success)
+        restarts = CounterMetricFamily(
+            f"{NS}_journal_reader_restarts_total",
+            "Times the journal reader process died (e.g. SIGBUS on a truncated journal file) and was restarted.",
+        )
+        restarts.add_metric([], snap.journal_reader_restarts)
+        yield from (up, success, restarts)

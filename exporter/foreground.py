@@ -13,8 +13,6 @@ from exporter.report import duration, status_line, unit_document
 from exporter.runtime import Runtime
 from exporter.sources.units import unit_exists
 
-HISTORY_WAIT = 10.0  # at most this long for the journal to hand over the units' earlier lines
-
 # wait's exit codes, as documented in the README
 READY, FAILED, STALLED, TIMED_OUT, NO_SUCH_UNIT = 0, 1, 2, 3, 4
 VERDICT_EXIT = {Verdict.READY: READY, Verdict.FAILED: FAILED, Verdict.STALLED: STALLED}
@@ -25,13 +23,8 @@ class NoSuchUnit(Exception):
 
 
 def _settle(runtime: Runtime, units: list[str], sleep: Callable[[float], None]) -> Snapshot:
-    """Tick until every named unit's history is read, then once more a second later for rates."""
-    deadline = time.monotonic() + HISTORY_WAIT
+    """The units' history is read (Runtime.start warmed the agent up); a second later, once more for rates."""
     journal = runtime.journal
-    snap = runtime.agent.tick()
-    while not set(units) <= journal.ready_units and not journal.status.failing and time.monotonic() < deadline:
-        sleep(0.1)
-        snap = runtime.agent.tick()
     missing = [u for u in units if not unit_exists(u, runtime.cgroup_root, journal.seen_units)]
     if missing:
         raise NoSuchUnit(", ".join(missing))

@@ -300,3 +300,4 @@ class Snapshot:
     gpus: tuple[Gpu, ...] = ()
     xid_errors: Mapping[tuple[str, int], int] = field(default_factory=frozen_map)  # (gpu, xid) → count
     stale_after: float = float("inf")  # evidence older than this (seconds) is not rendered
+    journal_reader_restarts: int = 0

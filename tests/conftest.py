@@ -115,5 +115,6 @@ def agent(journald: sandbox.Journald, tmp_path) -> Callable[..., int]:
 
     yield start
     for process in started:
-        process.terminate()
-        assert process.wait(timeout=10) == 0, "the agent did not stop cleanly on SIGTERM"
+        if process.poll() is None:  # a test may have killed it on purpose
+            process.terminate()
+            assert process.wait(timeout=10) == 0, "the agent did not stop cleanly on SIGTERM"

@@ -190,6 +190,26 @@ class Journald:
         # The namespace is not running: whatever it left behind is stale, and a stale journal
         # would show a previous run's lines to our readers.
         self._remove_files()
+        atexit.register(self.stop)
+        self._launch(binary)
+        return self
+
+    def restart(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Restart journald alone, keeping its files, as `systemctl restart systemd-journald@NS` would.
+
+        The units' stdout streams end with the old instance (systemd-journald.service(8)): what they
+        print afterwards is lost until they are started again.
+        """
+        process = self.process
+        if process is None:
+            raise RuntimeError(f"journald namespace {self.namespace} is not running")
+        process.terminate()
+        process.wait(timeout)
+        self._launch(preflight())
+
+    def _launch(self, binary: str) -> None:
+        if self._log is not None:
+            self._log.close()
         self._log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
             [binary, self.namespace],
@@ -198,7 +218,6 @@ class Journald:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # not killed with our terminal's process group; stop() ends it
         )
-        atexit.register(self.stop)
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not _listening(self.stdout_socket):
             if self.process.poll() is not None:
@@ -216,7 +235,6 @@ class Journald:
                     f"{STARTUP_TIMEOUT:.0f} s: {output or '(no output)'}"
                 )
             time.sleep(POLL)
-        return self
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop our units, then journald; remove its runtime directory, journal files and our symlinks."""

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import queue
 import re
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,110 +118,99 @@ def _entry(reader: journal.Reader) -> tuple[dict[str, bytes], float]:
     return fields, reader._get_monotonic()[0] / 1e6
 
 
-class JournalSource:
-    """Follows this boot's journal for the watched units on a thread of its own.
+class Follower:
+    """Reads this boot's journal for the watched units: one Reader, used by one thread only
+    (sd-journal(3)), in the child process of exporter.sources.journal_process.
 
-    sd-journal objects must stay on the thread that made them (sd-journal(3)), so the Reader is
-    opened, read and closed inside `_run`; other threads only exchange units and observations.
+    `send(kind, payload)` hands results over: ("lines", (observations, cursor)) where cursor is the
+    position of the last entry read live, ("ready", units) once a unit's earlier lines were all
+    sent, ("ok", detail) and ("down", reason).
     """
 
-    def __init__(self, place: JournalPlace, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        place: JournalPlace,
+        send: Callable[[str, object], None],
+        cursor: str | None = None,
+        backfilled: frozenset[str] = frozenset(),
+    ) -> None:
         self.place = place
-        self._units: frozenset[str] = frozenset()
-        self._new_units: queue.SimpleQueue[frozenset[str]] = queue.SimpleQueue()
-        self._out: queue.SimpleQueue[Observation | XidError] = queue.SimpleQueue()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
-        self._position: int | None = None  # realtime µs of the newest entry read
-        self.ready_units: frozenset[str] = frozenset()  # units whose earlier lines are all handed over
-        self.seen_units: frozenset[str] = frozenset()  # units with at least one entry this boot
-        self.status = SourceStatus("journal", logger, wall)
+        self._send = send
+        self.cursor = cursor
+        self.units = backfilled
+        self._position = 0  # realtime µs of the newest live entry: backfills read up to it
 
-    def watch(self, units: Iterable[str]) -> None:
-        """Follow these units too; their lines from earlier in this boot are read first."""
-        units = frozenset(units)
-        if not units <= self._units:
-            self._new_units.put(units)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def drain(self) -> list[Observation | XidError]:
-        """Everything read since the last call, in journal order."""
-        out = []
-        while True:
-            try:
-                out.append(self._out.get_nowait())
-            except queue.Empty:
-                return out
-
-    def _run(self) -> None:
+    def follow(self, new_units: Callable[[], frozenset[str]], stopping: Callable[[], bool]) -> None:
         backoff = 1.0
-        while not self._stop.is_set():
+        while not stopping():
             try:
-                self._follow()
+                self._follow(new_units, stopping)
                 return
-            except OSError as error:  # rotation races, vanished files: reopen where we were
-                self.status.down(f"{self.place}: {error}")
-                self._stop.wait(backoff)
+            except OSError as error:  # rotation races, vanished files: reopen at the cursor
+                self._send("down", f"{self.place}: {error}")
+                time.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 
-    def _follow(self) -> None:
+    def _follow(self, new_units: Callable[[], frozenset[str]], stopping: Callable[[], bool]) -> None:
         reader = self.place.open()
         try:
             reader.this_boot()
             if not (reader.has_persistent_files() or reader.has_runtime_files()):
                 raise OSError("no journal files can be read (missing, or not in the systemd-journal group?)")
-            resuming = self._position is not None
-            if self._position is None:
-                # Position on the newest entry; seek_tail() then next() is unreliable (python-systemd#146).
-                reader.seek_tail()
-                reader.get_previous()
-                self._position = reader._get_realtime() if self._has_entry(reader) else 0
-            else:
-                reader.seek_realtime(self._position / 1e6)
-            while not self._stop.is_set():
-                self._backfill(self._position)
+            pending = self._seek(reader)
+            while not stopping():
+                self._backfill(new_units() - self.units)
+                batch = [*pending]
+                pending = []
                 while reader._next():
-                    realtime = reader._get_realtime()
-                    if resuming and realtime <= self._position:
-                        continue  # already read before the reopen
-                    resuming = False
                     fields, t = _entry(reader)
-                    self._position = realtime
-                    self._hand_over(to_observations(fields, t, self._units))
-                self.status.ok(f"reading {self.place}")
+                    self._position = reader._get_realtime()
+                    batch += to_observations(fields, t, self.units)
+                    if len(batch) >= 1000:  # keep each message small; the cursor says how far
+                        self._hand_over(batch, reader)
+                        batch = []
+                self._hand_over(batch, reader)
+                self._send("ok", f"reading {self.place}")
                 reader.wait(0.5)  # returns at once on new entries; INVALIDATE means the same to us
         finally:
             reader.close()
 
-    @staticmethod
-    def _has_entry(reader: journal.Reader) -> bool:
-        try:
-            reader._get_realtime()
-            return True
-        except OSError:
-            return False
-
-    def _hand_over(self, observations: list[Observation | XidError]) -> None:
-        for obs in observations:
-            self._out.put(obs)
-            unit = getattr(obs, "unit", None)
-            if unit and unit not in self.seen_units:
-                self.seen_units |= {unit}
-
-    def _backfill(self, until: int) -> None:
-        """Read this boot's entries of newly watched units up to where the live reader stands."""
-        added: frozenset[str] = frozenset()
-        while True:
+    def _seek(self, reader: journal.Reader) -> list[Observation | XidError]:
+        """Stand on the last entry already handed over; what the seek lands on that was not, is returned."""
+        if self.cursor:
             try:
-                added |= self._new_units.get_nowait() - self._units
-            except queue.Empty:
-                break
+                reader.seek_cursor(self.cursor)
+                if reader._next():
+                    if reader.test_cursor(self.cursor):  # the entry at the cursor was processed
+                        self._position = reader._get_realtime()
+                        return []
+                    # the cursor's entry is gone (vacuumed): this is the next one, not yet read
+                    fields, t = _entry(reader)
+                    self._position = reader._get_realtime()
+                    return to_observations(fields, t, self.units)
+            except (OSError, ValueError):  # a cursor from a wiped journal, or garbage
+                pass
+        # No usable cursor: stand on the newest entry; seek_tail() then next() is unreliable
+        # (python-systemd#146), seek_tail() then previous() is not.
+        reader.seek_tail()
+        reader.get_previous()
+        try:
+            self._position = reader._get_realtime()
+            self.cursor = reader._get_cursor()
+        except OSError:  # an empty journal
+            self._position = 0
+        return []
+
+    def _hand_over(self, batch: list[Observation | XidError], reader: journal.Reader) -> None:
+        try:
+            self.cursor = reader._get_cursor()
+        except OSError:
+            pass
+        if batch:
+            self._send("lines", (batch, self.cursor))
+
+    def _backfill(self, added: frozenset[str]) -> None:
+        """Read this boot's entries of newly watched units up to where the live reader stands."""
         if not added:
             return
         reader = self.place.open()
@@ -234,10 +221,15 @@ class JournalSource:
                 reader.add_disjunction()
                 reader.add_match(_PID="1", UNIT=unit)  # two fields of one match: both must hold
                 reader.add_disjunction()
-            while reader._next() and reader._get_realtime() <= until:
+            batch: list[Observation | XidError] = []
+            while reader._next() and reader._get_realtime() <= self._position:
                 fields, t = _entry(reader)
-                self._hand_over(to_observations(fields, t, added))
+                batch += to_observations(fields, t, added)
+                if len(batch) >= 1000:
+                    self._send("lines", (batch, None))
+                    batch = []
+            self._send("lines", (batch, None))
         finally:
             reader.close()
-        self._units |= added
-        self.ready_units = self._units
+        self.units |= added
+        self._send("ready", self.units)

@@ -1,0 +1,154 @@
+"""The journal under the reader: its death by SIGBUS, rotation, vacuum, journald restarts, truncation.
+
+JournalSource reads through a child process (exporter/sources/journal_process.py); these tests follow
+a unit that prints numbered ticks and check that every tick arrives once, in order, whatever happens.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.demo import sandbox
+from exporter.model import LogLine
+from exporter.sources.journal import JournalPlace
+from exporter.sources.journal_process import JournalSource
+from tests.scrape import wait_for
+
+TICKER = "import sys, time\nfor i in range(1_000_000):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.01)\n"
+TICK = re.compile(r"tick (\d+)$")
+
+
+class Ticks:
+    """What a JournalSource hands over for one ticking unit."""
+
+    def __init__(self, source: JournalSource, unit: str) -> None:
+        self.source, self.unit, self.seen = source, unit, []
+
+    def read(self) -> list[int]:
+        for obs in self.source.drain():
+            if isinstance(obs, LogLine) and obs.unit == self.unit and (m := TICK.search(obs.text)):
+                self.seen.append(int(m.group(1)))
+        return self.seen
+
+    def past(self, n: int, what: str, timeout: float = 20) -> None:
+        wait_for(lambda: (self.read() and self.seen[-1] >= n), timeout, what)
+
+    def assert_once_in_order(self) -> None:
+        assert self.seen == sorted(set(self.seen)), "a tick handed over twice or out of order"
+
+
+@pytest.fixture
+def ticking(journald, tmp_path):
+    name = f"test-tick-{secrets.token_hex(4)}.service"
+    unit = sandbox.start_unit(journald, name, [sys.executable, "-c", TICKER])
+    source = JournalSource(JournalPlace(namespace=journald.namespace))
+    source.watch([name])
+    source.start()
+    ticks = Ticks(source, name)
+    ticks.past(20, "the first ticks")
+    yield ticks
+    source.stop()
+    unit.stop()
+
+
+def journalctl(journald, *args: str) -> None:
+    subprocess.run(["journalctl", "--namespace", journald.namespace, *args], check=True, capture_output=True)
+
+
+def test_the_reader_killed_by_sigbus_resumes_after_the_last_entry(ticking):
+    for _ in range(3):
+        before = ticking.read()[-1]
+        os.kill(ticking.source.child_pid, signal.SIGBUS)
+        ticking.past(before + 100, "ticks after the reader died")
+    assert ticking.source.restarts == 3
+    ticking.assert_once_in_order()
+    assert ticking.seen == list(range(ticking.seen[0], ticking.seen[-1] + 1)), "a tick was lost"
+
+
+def test_rotation_and_vacuum_while_reading(ticking, journald):
+    for _ in range(5):
+        journalctl(journald, "--rotate")
+        journalctl(journald, "--vacuum-files=2")
+        ticking.past(ticking.read()[-1] + 30, "ticks after a rotation and vacuum")
+    ticking.assert_once_in_order()
+    assert ticking.seen == list(range(ticking.seen[0], ticking.seen[-1] + 1)), "a tick was lost"
+    assert ticking.source.status.health.up
+
+
+def test_a_vacuumed_cursor(ticking, journald):
+    # The reader dies; while it is down its last file is archived and vacuumed away. The new one
+    # cannot find the entry at its cursor and goes on from the next one there is.
+    child = ticking.source.child_pid
+    os.kill(child, signal.SIGSTOP)
+    journalctl(journald, "--rotate")
+    journalctl(journald, "--vacuum-files=1")
+    os.kill(child, signal.SIGKILL)
+    last = ticking.read()[-1]
+    ticking.past(last + 50, "ticks after resuming from a vacuumed cursor")
+    ticking.assert_once_in_order()
+
+
+def test_journald_restarted_under_the_reader(ticking, journald):
+    journald.restart()  # the ticking unit's stream dies with the old journald, as on a real host
+    name = f"test-after-restart-{secrets.token_hex(4)}.service"
+    ticking.source.watch([name])
+    with sandbox.start_unit(journald, name, [sys.executable, "-c", TICKER]):
+        after = Ticks(ticking.source, name)
+        after.past(30, "a unit started after journald's restart")
+    after.assert_once_in_order()
+
+
+def test_an_archived_file_truncated_under_the_reader(ticking, journald):
+    journalctl(journald, "--rotate")
+    ticking.past(ticking.read()[-1] + 20, "ticks into the new file")
+    archived = [p for d in journald.journal_dirs if d.is_dir() for p in d.glob("*@*.journal")]
+    assert archived, "journalctl --rotate archived a file"
+    for path in archived:
+        os.truncate(path, 4096)  # what journald 250–254 does to archived files on vacuum
+    journalctl(journald, "--rotate")
+    ticking.past(ticking.read()[-1] + 100, "ticks after the truncation, reader dead or not")
+    ticking.assert_once_in_order()
+
+
+def test_the_agent_killed_mid_startup_comes_back_where_it_was(agent, units, journal_records):
+    """SIGKILL, then start again: the same phase and verdict at once, and no start counted twice."""
+    from tests.scrape import INTERVAL, Scrape, fetch
+    from tests.test_serve import CUDA_OOM, HANG_AFTER_COMPILE
+
+    failed = units("failed", CUDA_OOM)
+    hang = units("hang", HANG_AFTER_COMPILE)
+    journal_records(hang, until=lambda es: any("torch.compile" in str(e.get("MESSAGE")) for e in es))
+    first = agent(failed.name, hang.name)
+    before = wait_for(lambda: (s := Scrape(fetch(first))).one_of("unit_verdict", hang.name, "verdict") == "stalled"
+                      and s.one_of("unit_verdict", failed.name, "verdict") == "failed" and s,
+                      30, "one failed, one stalled")
+    pid = next(p for p in _agents() if str(first) in " ".join(p.cmdline()))
+    pid.kill()
+    pid.wait(5)
+
+    second = agent(failed.name, hang.name)
+    started = time.monotonic()
+    after = Scrape(fetch(second))  # the very first scrape after the restart
+    assert time.monotonic() - started < INTERVAL
+    for unit in (failed.name, hang.name):
+        assert after.one_of("unit_phase", unit, "phase") == before.one_of("unit_phase", unit, "phase")
+        assert after.one_of("unit_verdict", unit, "verdict") == before.one_of("unit_verdict", unit, "verdict")
+    for name, labels in [("llmstartup_startups_total", {"unit": failed.name, "outcome": "failed"}),
+                         ("llmstartup_failures_total", {"unit": failed.name, "phase": "compiling", "reason": "cuda_oom"}),
+                         ("llmstartup_phase_duration_seconds_count", {"unit": hang.name, "phase": "loading_weights"})]:
+        assert after.value(name, **labels) == before.value(name, **labels) == 1, name
+
+
+def _agents():
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"]) if "serve" in (p.info["cmdline"] or []) and "exporter" in (p.info["cmdline"] or [])]
