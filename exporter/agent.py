@@ -8,10 +8,24 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterable
 
-from exporter import grammar, xids
+from exporter import expectations, grammar, xids
 from exporter.config import Config
 from exporter.grammar import Grammar
-from exporter.model import Fault, GpuSample, Observation, Snapshot, UnitState, UnitView, XidError, frozen_map
+from exporter.history import AttemptRecord, History
+from exporter.model import (
+    STARTUP_ORDER,
+    Attempt,
+    Expectation,
+    Fault,
+    GpuSample,
+    Observation,
+    Phase,
+    Snapshot,
+    UnitState,
+    UnitView,
+    XidError,
+    frozen_map,
+)
 from exporter.sources.gpu import GpuReading, GpuSource, by_unit
 from exporter.sources.journal_process import JournalSource
 from exporter.sources.processes import ProcessSource
@@ -31,6 +45,7 @@ class Agent:
         journal: JournalSource,
         processes: ProcessSource,
         gpu: GpuSource | None,
+        history: History | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -46,6 +61,11 @@ class Agent:
         self._xids_seen: float | None = None
         self._recent_xids: list[XidError] = []
         self.xid_errors: dict[tuple[str, int], int] = {}
+        self.history = history
+        self.expectations: dict[str, tuple[tuple[str, str], Expectation]] = {}  # unit → (key, expectation)
+        self._recorded: set[tuple[str, float]] = set()
+        self._saved_cursor: str | None = None
+        self._boot_id = _boot_id()
         self.snapshot = Snapshot(t=clock(), wall_offset=wall() - clock())
 
     def engine(self, unit: str) -> str:
@@ -83,6 +103,8 @@ class Agent:
         for obs in observations:
             before = self.states.get(obs.unit) or UnitState(obs.unit, self.engine(obs.unit))
             self.states[obs.unit] = advance(before, obs, self.grammars[self.engine(obs.unit)], self.limits)
+        if self.history:
+            self._remember(offset)
         self.snapshot = self._publish(units, t, offset)
         return self.snapshot
 
@@ -135,6 +157,52 @@ class Agent:
         self.processes_status.ok()
         return samples
 
+    def _remember(self, offset: float) -> None:
+        """Put every start that has an outcome into the history, once; refresh what it teaches."""
+        assert self.history is not None
+        for state in self.states.values():
+            for attempt in (state.previous, state.attempt):
+                if attempt is None or attempt.outcome is None or (state.unit, attempt.started) in self._recorded:
+                    continue
+                self._recorded.add((state.unit, attempt.started))
+                self.history.record(self._record(state, attempt, offset))
+                self.expectations.pop(state.unit, None)
+        if self.journal.cursor and self.journal.cursor != self._saved_cursor:
+            self.history.save_cursor(self.journal.cursor)
+            self._saved_cursor = self.journal.cursor
+
+    def _record(self, state: UnitState, attempt: Attempt, offset: float) -> AttemptRecord:
+        ends = [t for phase, t in attempt.spans if phase in (Phase.READY, Phase.FAILED, Phase.STOPPING)]
+        failed_in = [p for p, _ in attempt.spans if p in STARTUP_ORDER][-1:] if attempt.phase is Phase.FAILED else []
+        return AttemptRecord(
+            unit=state.unit,
+            boot_id=self._boot_id,
+            started_monotonic=attempt.started,
+            started=attempt.started + offset,
+            ended=ends[0] + offset if ends else None,
+            outcome=str(attempt.outcome),
+            engine=state.engine,
+            engine_version=state.info.get("engine_version", ""),
+            model=state.info.get("model", ""),
+            fingerprint=expectations.attempt_fingerprint(state, attempt),
+            compile_cache=attempt.compile_cache,
+            failure_phase=str(failed_in[0]) if failed_in else None,
+            failure_reason=str(attempt.reason) if attempt.phase is Phase.FAILED and attempt.reason else None,
+            phases=frozen_map(expectations.phase_durations(attempt)),
+        )
+
+    def _expected(self, state: UnitState) -> Expectation | None:
+        """What this unit's history expects of its current start (learned again when that changes)."""
+        if self.history is None:
+            return None
+        attempt = state.attempt
+        key = (expectations.attempt_fingerprint(state, attempt), attempt.compile_cache) if attempt else ("", "")
+        known = self.expectations.get(state.unit)
+        if known is None or known[0] != key:
+            known = (key, expectations.learn(self.history.recent(state.unit), *key))
+            self.expectations[state.unit] = known
+        return known[1]
+
     def _gpu_behind(self, unit: str, reading: GpuReading) -> bool:
         state = self.states.get(unit)
         return state is None or state.last_gpu is None or state.last_gpu.t < reading.t
@@ -158,7 +226,9 @@ class Agent:
         views = []
         for unit in units:
             state = self.states.setdefault(unit, UnitState(unit, self.engine(unit)))
-            view = UnitView(state, judge(state, t, self.limits))
+            expected = self._expected(state)
+            ceiling = expectations.ceiling(expected, state.phase)
+            view = UnitView(state, judge(state, t, self.limits, ceiling), expected)
             old = before.get(unit)
             if old is None or old.state.phase is not state.phase or old.verdict is not view.verdict:
                 logger.info("unit=%s phase=%s verdict=%s", unit, state.phase, view.verdict)
@@ -184,3 +254,11 @@ class Agent:
             stale_after=self.limits.stale,
             journal_reader_restarts=self.journal.restarts,
         )
+
+
+def _boot_id() -> str:
+    """This boot's id: with a monotonic start time, it names one start of a unit for good."""
+    try:
+        return open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        return ""

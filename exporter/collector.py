@@ -69,6 +69,7 @@ class SnapshotCollector(Collector):
         phase_hist = HistogramMetricFamily(f"{NS}_phase_duration_seconds", "How long each startup phase took, once per start.", labels=["unit", "phase"])
         startup_hist = HistogramMetricFamily(f"{NS}_startup_duration_seconds", "How long starts took, to ready, failure or stop.", labels=["unit", "outcome"])
         last_phase = _gauge("last_phase_duration_seconds", "How long each phase took the last time the unit passed through it.", ["unit", "phase"])
+        expected = _gauge("expected_phase_duration_seconds", "How long each phase typically takes this unit (the median of its recent ready starts with the same settings).", ["unit", "phase"])
         values = {name: _gauge(name, doc, ["unit"]) for name, doc in VALUES.items()}
 
         for view in snap.units:
@@ -112,10 +113,13 @@ class SnapshotCollector(Collector):
                 startup_hist.add_metric([unit, outcome], _buckets(hist), hist.total)
             for name, value in state.values.items():
                 values[name].add_metric([unit], value)
+            if view.expected:
+                for p, span in view.expected.phases.items():
+                    expected.add_metric([unit, p], span.typical)
 
         yield from (info, phase, verdict, startup_start, phase_start, ready_at, last_log, progress)
         yield from (cpu, read, written, rss, processes, gpu_memory, startups, failures)
-        yield from (phase_hist, startup_hist, last_phase, *values.values())
+        yield from (phase_hist, startup_hist, last_phase, expected, *values.values())
 
         gpu_info = _gauge("gpu_info", "A GPU the agent sees, by index, with its UUID and name.", ["gpu", "uuid", "name"])
         utilization = _gauge("gpu_utilization_ratio", "GPU busy time (0–1); recorded, never counted as progress." + CACHED, ["gpu"])

@@ -10,6 +10,7 @@ from exporter.model import Limits
 
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+STATE_PATH = Path("/var/lib/llmstartup/history.db")  # the systemd unit's StateDirectory=llmstartup
 UNIT_NAME = re.compile(r"[\w@:.\\-]+")
 
 
@@ -55,9 +56,10 @@ class Config:
     interval: float = 2.0
     silence: float = 60.0
     stall: float = 300.0
-    state_path: Path | None = None
+    state_path: Path | None = STATE_PATH  # None: keep no history
     gpu: bool = True
     cgroup_root: Path | None = None  # None: found from /proc/self/mountinfo
+    web_config: Path | None = None  # --web.config.file: TLS, basic auth and headers (exporter-toolkit format)
 
     @property
     def limits(self) -> Limits:

@@ -43,6 +43,7 @@ class Rule:
     reason: Reason | None = None
     fatal: bool = False  # the engine gives up here, whether or not its processes exit yet
     heartbeat: bool = False  # printed on a timer whatever happens (TGI's "Waiting for shard"): no progress
+    cache: str | None = None  # "cold" or "warm": whether the engine compiles or reuses a compile cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,7 @@ class Match:
     reason: Reason | None = None
     fatal: bool = False
     heartbeat: bool = False
+    cache: str | None = None
     info: Mapping[str, str] = field(default_factory=frozen_map)
     values: Mapping[str, float] = field(default_factory=frozen_map)
 
@@ -61,6 +63,7 @@ class Grammar:
     commands: tuple[re.Pattern[str], ...]  # searched in a process's command line
     prefix: re.Pattern[str] | None  # strips the engine's own line prefix; group `msg` is the rest
     rules: tuple[Rule, ...]
+    settings: tuple[re.Pattern[str], ...] = ()  # the line(s) where the engine prints its settings
 
 
 def parse(engine: str, text: str) -> Grammar:
@@ -73,6 +76,7 @@ def parse(engine: str, text: str) -> Grammar:
             commands=tuple(re.compile(c) for c in data.get("commands", [])),
             prefix=re.compile(prefix) if prefix else None,
             rules=tuple(_rule(n, r) for n, r in enumerate(data.get("rule", []), 1)),
+            settings=tuple(re.compile(p) for p in data.get("settings", [])),
         )
     except (tomllib.TOMLDecodeError, re.error, ValueError, KeyError) as error:
         raise GrammarError(f"grammar {engine}: {error}") from error
@@ -91,6 +95,7 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
             reason=Reason(reason) if reason else None,
             fatal=bool(raw.get("fatal", False)),
             heartbeat=bool(raw.get("heartbeat", False)),
+            cache=_cache(raw.get("cache")),
         )
     except (re.error, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None
@@ -99,6 +104,12 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
         if group not in INFO and (name not in VALUES or unit not in SCALES):
             raise ValueError(f"{where}: group {group!r} is no known value")
     return rule
+
+
+def _cache(value: object) -> str | None:
+    if value not in (None, "cold", "warm"):
+        raise ValueError(f"cache must be cold or warm, not {value!r}")
+    return str(value) if value else None
 
 
 def load(engine: str) -> Grammar:
@@ -131,7 +142,18 @@ def match(grammar: Grammar, record: str) -> Match | None:
                 else:
                     name, _, unit = group.partition("__")
                     values[name] = float(raw.replace(",", "")) * SCALES[unit]
-            return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, frozen_map(info), frozen_map(values))
+            return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info), frozen_map(values))
+    return None
+
+
+def settings(grammar: Grammar, record: str) -> str | None:
+    """The engine's settings if this record is where it prints them (after its prefix)."""
+    message = record
+    if grammar.prefix and (head := grammar.prefix.match(record)):
+        message = head.group("msg")
+    for pattern in grammar.settings:
+        if found := pattern.search(message):
+            return found.group(0)[:4096]
     return None
 
 

@@ -213,6 +213,8 @@ class Attempt:
     ended: float | None = None
     outcome: Outcome | None = None
     ready_at: float | None = None
+    settings: str = ""  # the engine's own account of its settings (args line), for the fingerprint
+    compile_cache: str = ""  # "cold" or "warm", when the engine says whether torch.compile hit its cache
     spans: tuple[tuple[Phase, float], ...] = ()  # each phase entered, with when: the timeline
     gaps: tuple[tuple[float, float, Phase], ...] = ()  # silences past the threshold: (from, to, phase)
 
@@ -276,11 +278,29 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class Span:
+    """How long something took over a unit's recent starts."""
+
+    typical: float  # the median
+    longest: float
+    samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    """What the unit's own past says its start should take (exporter.expectations learns it)."""
+
+    phases: Mapping[Phase, Span] = field(default_factory=frozen_map)
+    startup: Span | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class UnitView:
-    """A unit as published: its state and the verdict at the snapshot's time."""
+    """A unit as published: its state, the verdict at the snapshot's time, and what its past expects."""
 
     state: UnitState
     verdict: Verdict
+    expected: Expectation | None = None
 
 
 @dataclass(frozen=True, slots=True)

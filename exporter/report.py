@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from exporter import expectations
 from exporter.model import Attempt, Phase, Snapshot, UnitState, UnitView
 
 GiB = 2**30
@@ -67,11 +68,17 @@ def unit_document(view: UnitView, snap: Snapshot) -> dict[str, Any]:
         "startup_start": iso(attempt.started + wall) if attempt else None,
         "last_log_age_seconds": round(now - state.last_log, 3) if state.last_log is not None else None,
         "failure_reason": str(attempt.reason) if attempt and attempt.reason and attempt.phase is Phase.FAILED else None,
+        "expected_remaining_seconds": _round(expectations.remaining(view.expected, attempt, now)) if live else None,
+        "slower_than_usual": expectations.slower_than_usual(view.expected, attempt, now) if live else False,
         "signals": signals(state) if live else None,
         "values": dict(state.values),
         "timeline": timeline(attempt, now, wall) if attempt else [],
         "previous_timeline": timeline(state.previous, now, wall) if state.previous else [],
     }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def timeline(attempt: Attempt, now: float, wall: float | None) -> list[dict[str, Any]]:
@@ -112,6 +119,11 @@ def status_line(view: UnitView, snap: Snapshot) -> str:
         parts.append(f"reason {attempt.reason}")
     if state.last_log is not None and attempt.ended is None and attempt.ready_at is None:
         parts.append(f"no log for {duration(now - state.last_log)}")
+    if attempt.ended is None and (left := expectations.remaining(view.expected, attempt, now)) is not None:
+        parts.append(f"expected ready in ~{duration(left)}")
+    if attempt.ended is None and expectations.slower_than_usual(view.expected, attempt, now):
+        span = view.expected.phases[attempt.phase] if view.expected else None
+        parts.append(f"slower than usual (longest {attempt.phase} before: {duration(span.longest if span else None)})")
     if attempt.ended is None and attempt.phase is not Phase.READY:
         sig = signals(state)
         parts.append(f"CPU {sig['cpu_cores']:.1f} cores")

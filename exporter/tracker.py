@@ -160,8 +160,13 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
     elif line.invocation and not attempt.invocation:
         state = replace(state, attempt=replace(attempt, invocation=line.invocation))
 
+    live = _live(state)
+    if live and not live.settings and grammar.settings and (said := grammars.settings(grammar, line.text)):
+        state = replace(state, attempt=replace(live, settings=said))
     if found is None:
         return state
+    if found.cache and live and live.compile_cache != "cold":  # one miss makes the compile cold
+        state = replace(state, attempt=replace(state.attempt, compile_cache=found.cache))
     state = replace(
         state,
         info=frozen_map({**state.info, **found.info}),
@@ -312,8 +317,13 @@ def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits
     return _gpu(state, obs, limits)
 
 
-def judge(state: UnitState, now: float, limits: Limits) -> Verdict:
-    """Progressing, silent but alive, stalled, or unknown when the evidence cannot say."""
+def judge(state: UnitState, now: float, limits: Limits, ceiling: float | None = None) -> Verdict:
+    """Progressing, silent but alive, stalled, or unknown when the evidence cannot say.
+
+    `ceiling`: how long this unit's current phase has ever been allowed to take (from its history);
+    past it, a process that is only busy — CPU turning, nothing written, no memory moving, no line —
+    is stalled: that is a collective hang spinning, not silent work.
+    """
     attempt = state.attempt
     if attempt is None or (attempt.ended is not None and attempt.phase is not Phase.FAILED):
         return Verdict.INACTIVE
@@ -330,6 +340,10 @@ def judge(state: UnitState, now: float, limits: Limits) -> Verdict:
         limits.gpu and state.last_gpu is not None and now - state.last_gpu.t > limits.stale
     )
     latest = max(state.moved.values(), default=None)
+    if ceiling is not None and now - attempt.phase_since > ceiling:
+        real = [t for signal, t in state.moved.items() if signal is not Signal.CPU]
+        if not real or now - max(real) >= limits.stall:
+            return Verdict.STALLED
     if latest is not None and now - latest < limits.stall:
         return Verdict.SILENT_PROGRESS
     if gpu_stale:

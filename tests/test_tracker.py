@@ -289,3 +289,31 @@ def test_a_new_attempt_keeps_the_previous_one():
     assert state.previous.phase is Phase.FAILED
     assert state.previous.spans[-1] == (Phase.FAILED, 31)
     assert state.attempt.started == 39
+
+
+BUSY = [*TO_COMPILE, *(procs(t, 10, cpu=30 + t) for t in range(30, 1001, 10))]  # one core, nothing else
+
+
+@pytest.mark.parametrize(
+    ("observations", "ceiling", "want"),
+    [
+        pytest.param(BUSY, None, Verdict.SILENT_PROGRESS, id="busy without history: silent progress"),
+        pytest.param(BUSY, 2000, Verdict.SILENT_PROGRESS, id="busy, within what this phase has taken before"),
+        pytest.param(BUSY, 600, Verdict.STALLED, id="busy only, well past anything seen before: a spinning hang"),
+        pytest.param([*BUSY[:-1], procs(1000, 10, cpu=2000, io=10**9)], 600, Verdict.SILENT_PROGRESS,
+                     id="past the ceiling but reading a disk: still work"),
+    ],
+)
+def test_the_ceiling_from_history(observations, ceiling, want):
+    assert judge(fold(observations), 1000, LIMITS, ceiling) is want
+
+
+def test_settings_and_compile_cache_are_kept_on_the_attempt():
+    state = fold([
+        line(1, "INFO 10-21 09:12:04 [utils.py:233] non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 32768}"),
+        line(2, "INFO 10-21 09:12:05 [backends.py:164] Directly load the compiled graph(s) for dynamic shape from the cache, took 3.112 s"),
+        line(3, "INFO 10-21 09:12:06 [backends.py:218] Compiling a graph for dynamic shape takes 17.96 s"),
+        line(4, "INFO 10-21 09:12:07 [backends.py:164] Directly load the compiled graph(s) for dynamic shape from the cache, took 3.112 s"),
+    ])
+    assert state.attempt.settings == "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 32768}"
+    assert state.attempt.compile_cache == "cold"

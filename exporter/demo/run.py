@@ -50,7 +50,7 @@ def run_demo(listen: tuple[str, int]) -> int:
     with sandbox.Journald(NAMESPACE) as journald:
         # Thresholds scaled to the demo's minute-long startup, so the silent compile shows as such.
         config = Config(units=((UNIT, "vllm"),), namespace=journald.namespace, listen=listen,
-                        interval=1.0, silence=8.0, stall=60.0)
+                        interval=1.0, silence=8.0, stall=60.0, state_path=None)
         try:
             runtime, agent_stop, thread = run_in_thread(config)
         except StartError as error:

@@ -1,0 +1,172 @@
+"""SQLite history: every finished start and its phase durations, kept across restarts and boots."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from exporter.model import frozen_map
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 2
+KEEP_PER_UNIT = 200  # starts kept per unit: enough for expectations, bounded on disk
+
+# Each entry takes the schema from the version before it to its own; version 1 is the first.
+MIGRATIONS = {
+    1: """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE attempts (
+            id INTEGER PRIMARY KEY,
+            unit TEXT NOT NULL,
+            boot_id TEXT NOT NULL,
+            started_monotonic REAL NOT NULL,
+            started REAL NOT NULL,
+            ended REAL,
+            engine TEXT, engine_version TEXT, model TEXT,
+            outcome TEXT NOT NULL,
+            failure_phase TEXT, failure_reason TEXT,
+            UNIQUE (unit, boot_id, started_monotonic)
+        );
+        CREATE TABLE phase_durations (
+            attempt_id INTEGER NOT NULL REFERENCES attempts (id) ON DELETE CASCADE,
+            phase TEXT NOT NULL,
+            seconds REAL NOT NULL,
+            PRIMARY KEY (attempt_id, phase)
+        );
+    """,
+    2: """
+        ALTER TABLE attempts ADD COLUMN fingerprint TEXT NOT NULL DEFAULT '';
+        ALTER TABLE attempts ADD COLUMN compile_cache TEXT NOT NULL DEFAULT '';
+        CREATE INDEX attempts_by_unit ON attempts (unit, started);
+    """,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    unit: str
+    boot_id: str
+    started_monotonic: float  # with boot_id, what makes a start the same start when it is seen again
+    started: float  # wall clock
+    ended: float | None
+    outcome: str
+    engine: str = ""
+    engine_version: str = ""
+    model: str = ""
+    fingerprint: str = ""  # the settings that change startup cost; see expectations.fingerprint
+    compile_cache: str = ""  # "cold", "warm" or "" when the engine did not say
+    failure_phase: str | None = None
+    failure_reason: str | None = None
+    phases: Mapping[str, float] = field(default_factory=frozen_map)
+
+
+class HistoryError(Exception):
+    """The history file cannot be used at all, even fresh: the message says where and why."""
+
+
+class History:
+    """One SQLite file in WAL mode; every write is one transaction, so a crash loses at most it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as error:  # corrupt, or not a database at all
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            logger.error("history %s is unreadable (%s): moved aside to %s, starting a fresh one", path, error, aside)
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
+                except FileNotFoundError:
+                    pass
+            try:
+                self._db = self._open()
+            except sqlite3.Error as again:
+                raise HistoryError(f"history {path}: {again}") from again
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.execute("PRAGMA quick_check").fetchone()
+            self._migrate(db)
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
+
+    @staticmethod
+    def _migrate(db: sqlite3.Connection) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(f"schema version {version} is newer than this llmstartup knows ({SCHEMA_VERSION})")
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            db.execute("BEGIN")  # statement by statement: executescript() would commit half a migration
+            for statement in filter(str.strip, MIGRATIONS[step].split(";")):
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {step}")
+            db.execute("COMMIT")
+            if version:
+                logger.info("history schema migrated from version %d to %d", step - 1, step)
+
+    def record(self, attempt: AttemptRecord) -> bool:
+        """Store a finished start once; seeing it again (after a restart) stores nothing. True if new."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            cursor = db.execute(
+                "INSERT OR IGNORE INTO attempts (unit, boot_id, started_monotonic, started, ended, engine,"
+                " engine_version, model, fingerprint, compile_cache, outcome, failure_phase, failure_reason)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (attempt.unit, attempt.boot_id, round(attempt.started_monotonic, 6), attempt.started, attempt.ended,
+                 attempt.engine, attempt.engine_version, attempt.model, attempt.fingerprint, attempt.compile_cache,
+                 attempt.outcome, attempt.failure_phase, attempt.failure_reason),
+            )
+            if cursor.rowcount:
+                db.executemany(
+                    "INSERT INTO phase_durations (attempt_id, phase, seconds) VALUES (?, ?, ?)",
+                    [(cursor.lastrowid, phase, seconds) for phase, seconds in attempt.phases.items()],
+                )
+                db.execute(
+                    "DELETE FROM attempts WHERE unit = ? AND id NOT IN"
+                    " (SELECT id FROM attempts WHERE unit = ? ORDER BY started DESC LIMIT ?)",
+                    (attempt.unit, attempt.unit, KEEP_PER_UNIT),
+                )
+            db.execute("COMMIT")
+            return bool(cursor.rowcount)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def recent(self, unit: str, limit: int = 50) -> list[AttemptRecord]:
+        """The unit's latest finished starts, newest first."""
+        rows = self._db.execute(
+            "SELECT id, unit, boot_id, started_monotonic, started, ended, outcome, engine, engine_version, model,"
+            " fingerprint, compile_cache, failure_phase, failure_reason FROM attempts WHERE unit = ?"
+            " ORDER BY started DESC LIMIT ?",
+            (unit, limit),
+        ).fetchall()
+        phases: dict[int, dict[str, float]] = {}
+        for attempt_id, phase, seconds in self._db.execute(
+            f"SELECT attempt_id, phase, seconds FROM phase_durations WHERE attempt_id IN ({','.join('?' * len(rows))})",
+            [r[0] for r in rows],
+        ):
+            phases.setdefault(attempt_id, {})[phase] = seconds
+        return [AttemptRecord(*row[1:], phases=frozen_map(phases.get(row[0], {}))) for row in rows]
+
+    def save_cursor(self, cursor: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('journal_cursor', ?)", (cursor,))
+
+    def cursor(self) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'journal_cursor'").fetchone()
+        return row[0] if row else None
+
+    def close(self) -> None:
+        self._db.close()

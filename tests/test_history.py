@@ -1,0 +1,130 @@
+"""History in SQLite and what it teaches: stored once, migrated, survives corruption; expectations."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from exporter.expectations import ceiling, learn, phase_durations
+from exporter.history import KEEP_PER_UNIT, SCHEMA_VERSION, AttemptRecord, History
+from exporter.model import Attempt, Phase
+from tests.scrape import Scrape, fetch, wait_for
+from tests.test_operator import READY_QUICKLY
+
+
+def record(unit="vllm.service", started=100.0, outcome="ready", fingerprint="f1", cache="", **phases):
+    return AttemptRecord(unit, "boot", started, started, started + sum(phases.values()), outcome,
+                         fingerprint=fingerprint, compile_cache=cache, phases=phases)
+
+
+def test_a_start_is_stored_once(tmp_path):
+    history = History(tmp_path / "h.db")
+    assert history.record(record(compiling=30.0))
+    assert not history.record(record(compiling=30.0)), "seen again after a restart: not stored twice"
+    [back] = history.recent("vllm.service")
+    assert back.phases == {"compiling": 30.0}
+    assert sqlite3.connect(tmp_path / "h.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_old_starts_are_pruned(tmp_path):
+    history = History(tmp_path / "h.db")
+    for n in range(KEEP_PER_UNIT + 5):
+        history.record(record(started=float(n), loading_weights=1.0))
+    kept = history.recent("vllm.service", limit=1000)
+    assert len(kept) == KEEP_PER_UNIT
+    assert kept[0].started == KEEP_PER_UNIT + 4
+
+
+def test_migration_from_the_first_schema(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE attempts (id INTEGER PRIMARY KEY, unit TEXT NOT NULL, boot_id TEXT NOT NULL,
+            started_monotonic REAL NOT NULL, started REAL NOT NULL, ended REAL, engine TEXT,
+            engine_version TEXT, model TEXT, outcome TEXT NOT NULL, failure_phase TEXT, failure_reason TEXT,
+            UNIQUE (unit, boot_id, started_monotonic));
+        CREATE TABLE phase_durations (attempt_id INTEGER NOT NULL REFERENCES attempts (id) ON DELETE CASCADE,
+            phase TEXT NOT NULL, seconds REAL NOT NULL, PRIMARY KEY (attempt_id, phase));
+        INSERT INTO attempts VALUES (1, 'vllm.service', 'b', 5.0, 5.0, 65.0, 'vllm', '0.8.5', 'm', 'ready', NULL, NULL);
+        INSERT INTO phase_durations VALUES (1, 'compiling', 42.0);
+        PRAGMA user_version = 1;
+    """)
+    db.close()
+    [old] = History(path).recent("vllm.service")
+    assert (old.engine_version, old.fingerprint, old.phases) == ("0.8.5", "", {"compiling": 42.0})
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("content", [b"not a database at all\n" * 100, b"SQLite format 3\x00" + b"\xff" * 4000])
+def test_a_corrupt_file_is_moved_aside(tmp_path, caplog, content):
+    path = tmp_path / "h.db"
+    path.write_bytes(content)
+    history = History(path)
+    assert history.recent("x") == []
+    assert history.record(record())
+    aside = list(tmp_path.glob("h.db.corrupt-*"))
+    assert aside and aside[0].read_bytes() == content, "the broken file is kept for a person to look at"
+    assert "moved aside" in caplog.text
+
+
+# ---- what the history teaches ----
+
+RECORDS = [  # newest first
+    record(started=5, fingerprint="f1", cache="warm", compiling=20.0, loading_weights=300.0),
+    record(started=4, fingerprint="f1", cache="cold", compiling=600.0, loading_weights=310.0),
+    record(started=3, fingerprint="f1", cache="cold", compiling=700.0, loading_weights=290.0),
+    record(started=2, fingerprint="f2", cache="cold", compiling=60.0, loading_weights=30.0),
+    record(started=1, outcome="failed", fingerprint="f1", compiling=5000.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("fingerprint", "cache", "phase", "typical", "longest"),
+    [
+        pytest.param("f1", "cold", Phase.COMPILING, 650.0, 700.0, id="a cold compile is learned from cold ones"),
+        pytest.param("f1", "warm", Phase.COMPILING, 20.0, 20.0, id="a cache hit from cache hits"),
+        pytest.param("f1", "", Phase.LOADING_WEIGHTS, 300.0, 310.0, id="same settings only"),
+        pytest.param("f2", "", Phase.LOADING_WEIGHTS, 30.0, 30.0, id="other settings, other expectations"),
+        pytest.param("f9", "", Phase.LOADING_WEIGHTS, 295.0, 310.0, id="new settings: every ready start of the unit"),
+    ],
+)
+def test_learn(fingerprint, cache, phase, typical, longest):
+    span = learn(RECORDS, fingerprint, cache).phases[phase]
+    assert (span.typical, span.longest) == (typical, longest)
+
+
+def test_failed_starts_teach_nothing_and_the_ceiling_is_well_past_the_longest():
+    expected = learn(RECORDS, "f1", "cold")
+    assert expected.phases[Phase.COMPILING].samples == 2
+    assert ceiling(expected, Phase.COMPILING) == 1400.0
+    assert ceiling(expected, Phase.WARMING_UP) is None
+
+
+def test_phase_durations_of_a_finished_start():
+    attempt = Attempt(started=0, spans=((Phase.LAUNCHING, 0), (Phase.LOADING_WEIGHTS, 3), (Phase.COMPILING, 10),
+                                        (Phase.READY, 25)))
+    assert phase_durations(attempt) == {"launching": 3, "loading_weights": 7, "compiling": 15}
+
+
+def test_starts_are_learned_across_restarts_of_the_unit_and_of_the_agent(agent, units, tmp_path):
+    """Two ready starts teach an expectation; a restarted agent stores neither again."""
+    unit = units("learn", READY_QUICKLY)
+    port = agent(f"{unit.name}=vllm")
+    for n in range(2):
+        if n:
+            unit = units("learn", READY_QUICKLY)  # the same unit started again
+        wait_for(lambda: Scrape(fetch(port)).value("llmstartup_startups_total", unit=unit.name, outcome="ready") == n + 1,
+                 30, f"start {n + 1} ready")
+        unit.stop()
+    s = wait_for(lambda: (s := Scrape(fetch(port))).value("llmstartup_expected_phase_duration_seconds",
+                                                            unit=unit.name, phase="loading_weights") is not None and s,
+                 10, "an expectation learned")
+    assert s.value("llmstartup_expected_phase_duration_seconds", unit=unit.name, phase="compiling") >= 0
+
+    again = agent(f"{unit.name}=vllm")  # a second agent on the same history re-reads this boot's journal
+    wait_for(lambda: Scrape(fetch(again)).value("llmstartup_startups_total", unit=unit.name, outcome="ready") == 2,
+             15, "both starts seen again")
+    rows = sqlite3.connect(tmp_path / "state.db").execute("SELECT count(*) FROM attempts").fetchone()[0]
+    assert rows == 2
