@@ -1,0 +1,214 @@
+"""grafana/: the committed dashboards are what grafana/dashboards.py writes, and every panel queries
+the exporter's metrics through the datasource variable.
+
+`panel_queries()` (in grafana/dashboards.py) lists every query with its template variables filled
+in, ready to be run against a real Prometheus; here each is checked to parse (promtool) and to name
+only metrics the exporter exposes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("grafana_foundation_sdk")
+yaml = pytest.importorskip("yaml")
+
+from exporter.grammar import VALUES
+from exporter.model import Phase, Signal, Verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+GRAFANA = ROOT / "grafana"
+COLLECTOR = ROOT / "exporter" / "collector.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("llmstartup_dashboards", GRAFANA / "dashboards.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+dashboards = _load()
+panel_queries = dashboards.panel_queries
+DOCUMENTS = {path.name: json.loads(text) for path, text in dashboards.outputs().items()}
+
+
+def test_committed_json_is_up_to_date() -> None:
+    for path, text in dashboards.outputs().items():
+        assert path.exists(), f"{path.name} is missing: run python grafana/dashboards.py"
+        assert path.read_text(encoding="utf-8") == text, (
+            f"{path.name} is out of date: run python grafana/dashboards.py"
+        )
+    result = subprocess.run(
+        [sys.executable, str(GRAFANA / "dashboards.py"), "--check"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_output_is_deterministic_and_sorted() -> None:
+    first, second = dashboards.outputs(), dashboards.outputs()
+    assert first == second
+    for text in first.values():
+        assert json.dumps(json.loads(text), sort_keys=True, indent=2, ensure_ascii=False) + "\n" == text
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTS))
+def test_every_panel_queries_through_the_datasource_variable(name: str) -> None:
+    document = DOCUMENTS[name]
+    panels = dashboards.panels(document)
+    assert panels
+    for panel in panels:
+        title = panel.get("title")
+        assert title, f"panel {panel['id']} has no title"
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, title
+        assert panel.get("targets"), f"{title}: no target"
+        for target in panel["targets"]:
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, title
+            assert target["expr"].strip(), title
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), f"{title}: refIds repeat"
+        assert len(panel.get("description", "")) > 20, f"{title}: say in plain words what it shows"
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTS))
+def test_ids_layout_and_variables(name: str) -> None:
+    document = DOCUMENTS[name]
+    ids = [p["id"] for p in document["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids are unique"
+    assert ids == sorted(ids), "and stable: in the order panels are made"
+    for panel in document["panels"]:
+        pos = panel["gridPos"]
+        assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24, panel.get("title")
+    variables = {v["name"]: v for v in document["templating"]["list"]}
+    assert list(variables) == ["datasource", "cluster", "instance", "unit"]
+    assert (
+        variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    )
+    for variable in ("cluster", "instance", "unit"):
+        assert variables[variable]["datasource"]["uid"] == "${datasource}"
+    assert document["uid"] in ("llmstartup-fleet", "llmstartup-unit")
+    assert document["tags"] == ["llmstartup"]
+
+
+def test_uids_are_distinct() -> None:
+    assert len({d["uid"] for d in DOCUMENTS.values()}) == len(DOCUMENTS)
+
+
+def _exprs(name: str) -> str:
+    return "\n".join(t["expr"] for p in dashboards.panels(DOCUMENTS[name]) for t in p["targets"])
+
+
+def test_unit_view_shows_what_the_issue_asks() -> None:
+    exprs = _exprs("llmstartup-unit.json")
+    timelines = [
+        p for p in dashboards.panels(DOCUMENTS["llmstartup-unit.json"]) if p["type"] == "state-timeline"
+    ]
+    assert any(
+        "llmstartup_unit_phase{" in t["expr"] and "== 1" in t["expr"] for p in timelines for t in p["targets"]
+    )
+    for needle in (
+        "time() - llmstartup_last_log_timestamp_seconds",
+        "llmstartup_last_progress_timestamp_seconds",
+        "llmstartup_gpu_memory_used_bytes",
+        "rate(llmstartup_process_cpu_seconds_total",
+        "llmstartup_last_phase_duration_seconds",
+        "llmstartup_phase_duration_seconds_bucket",
+        "llmstartup_expected_phase_duration_seconds",
+        "llmstartup_unit_verdict",
+    ):
+        assert needle in exprs, needle
+
+
+def test_fleet_view_shows_what_the_issue_asks() -> None:
+    exprs = _exprs("llmstartup-fleet.json")
+    for needle in (
+        "llmstartup_unit_phase",
+        "llmstartup_unit_verdict",
+        "time() - llmstartup_phase_start_timestamp_seconds",
+        "llmstartup_ready_timestamp_seconds{",
+        "- llmstartup_startup_start_timestamp_seconds{",
+        "llmstartup_failures_total",
+    ):
+        assert needle in exprs, needle
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTS))
+def test_every_phase_and_verdict_has_a_colour(name: str) -> None:
+    text = json.dumps(DOCUMENTS[name])
+    for member in [*Phase, *Verdict]:
+        assert f'"text": "{member.value}"' in text, member
+
+
+def exported_metrics() -> set[str]:
+    """The metric names exporter/collector.py renders (histograms with their series suffixes)."""
+    source = COLLECTOR.read_text()
+    names = set(re.findall(r'_gauge\(\s*"(\w+)"', source)) | set(re.findall(r'f"\{NS\}_(\w+)"', source))
+    names |= set(VALUES)
+    names |= {
+        f"{h}{s}"
+        for h in ("phase_duration_seconds", "startup_duration_seconds")
+        for s in ("_bucket", "_count", "_sum")
+    }
+    return {f"llmstartup_{n}" for n in names}
+
+
+def test_queries_name_only_exported_metrics() -> None:
+    known = exported_metrics()
+    assert "llmstartup_unit_phase" in known and "llmstartup_gpu_memory_used_bytes" in known
+    for title, expr in panel_queries():
+        for metric in re.findall(r"\bllmstartup_\w+", expr):
+            assert metric in known or metric == "llmstartup_", (title, metric)
+        for pattern in re.findall(r'__name__=~"llmstartup_\(([^)]*)\)"', expr):
+            for value in pattern.split("|"):
+                assert f"llmstartup_{value}" in known, (title, value)
+
+
+def test_panel_queries_fill_in_the_variables() -> None:
+    queries = panel_queries()
+    assert len(queries) >= 30
+    for title, expr in queries:
+        leftover = [m for m in re.findall(r"\$\{?\w+", expr) if not re.fullmatch(r"\$\d+", m)]
+        assert not leftover, (title, leftover)
+        assert 'instance=~".+"' in expr or "llmstartup_build_info" in expr or "instance" not in expr, (
+            title,
+            expr,
+        )
+    one = panel_queries(unit="vllm-glm5\\.service", instance="gpu-1:9847")
+    assert any('unit=~"vllm-glm5\\.service"' in expr for _, expr in one)
+    assert all("$__" not in expr for _, expr in one)
+    signals = " ".join(e for t, e in one if t == "Silence and liveness signals")
+    assert "last_progress_timestamp_seconds" in signals and len(Signal) >= 5
+
+
+def test_every_query_parses(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    rules = {
+        "groups": [
+            {
+                "name": "panels",
+                "rules": [
+                    {"record": f"panel:query_{i}", "expr": e} for i, (_, e) in enumerate(panel_queries())
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "panels.yml"
+    path.write_text(yaml.safe_dump(rules))
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], check=False, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
