@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from exporter import __version__
-from exporter.config import Config, parse_duration, parse_listen, parse_unit
+from exporter.config import STATE_PATH, Config, parse_duration, parse_listen, parse_unit
 from exporter.grammar import ENGINES
 
 logger = logging.getLogger("llmstartup")
@@ -65,8 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_source_flags(serve)
     serve.add_argument("--web.listen-address", dest="listen", type=_typed(parse_listen), default=("127.0.0.1", 9847),
                        metavar="HOST:PORT", help="where to serve /metrics (default 127.0.0.1:9847, loopback only)")
-    serve.add_argument("--state.path", dest="state_path", type=Path, metavar="FILE",
-                       help="history database (accepted; history is not kept yet)")
+    serve.add_argument("--web.config.file", dest="web_config", type=Path, metavar="FILE",
+                       help="TLS, basic auth and response headers, in the Prometheus exporter-toolkit format "
+                       "(the file node_exporter takes); checked at start")
+    serve.add_argument("--state.path", dest="state_path", type=Path, default=STATE_PATH, metavar="FILE",
+                       help="the history of starts, which teaches what a start should take "
+                       "(default /var/lib/llmstartup/history.db)")
     serve.add_argument("--log.level", dest="log_level", default="info",
                        choices=["debug", "info", "warning", "error"], help="default info")
 
@@ -125,9 +129,11 @@ def config_from(args: argparse.Namespace) -> Config:
         interval=args.interval,
         silence=args.silence,
         stall=args.stall,
-        state_path=getattr(args, "state_path", None),
+        # status and wait learn from the agent's history when there is one; they never start one
+        state_path=getattr(args, "state_path", STATE_PATH if STATE_PATH.exists() else None),
         gpu=args.gpu,
         cgroup_root=args.cgroup_root,
+        web_config=getattr(args, "web_config", None),
     )
 
 
@@ -219,7 +225,6 @@ def run_serve(config: Config, stop: threading.Event | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    logger.info("serving on http://%s:%d/metrics", *config.listen)
     try:
         runtime.agent.run(stop)
     finally:

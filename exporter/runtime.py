@@ -6,16 +6,18 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
+from exporter import webconfig
 from exporter.agent import Agent
 from exporter.collector import SnapshotCollector
 from exporter.config import Config
-from exporter.http import make_app, serve
+from exporter.history import History, HistoryError
+from exporter.http import Server, make_app, serve
 from exporter.sources.gpu import GpuSource
-from exporter.sources.journal import JournalPlace, JournalSource
+from exporter.sources.journal import JournalPlace
+from exporter.sources.journal_process import JournalSource
 from exporter.sources.processes import ProcessSource, find_cgroup2_root
 
 logger = logging.getLogger(__name__)
@@ -30,7 +32,7 @@ class Runtime:
     agent: Agent
     journal: JournalSource
     gpu: GpuSource | None
-    server: WSGIServer | None
+    server: Server | None
     cgroup_root: Path
 
     @classmethod
@@ -44,30 +46,50 @@ class Runtime:
                 f"no cgroup v2 hierarchy at {cgroup_root or 'any mount in /proc/self/mountinfo'}; "
                 "units are found by their cgroup (use --path.cgroupfs to point at it)"
             )
+        try:  # a bad web config stops the start before anything else is touched
+            web = webconfig.load(config.web_config) if http and config.web_config else None
+        except webconfig.WebConfigError as error:
+            raise StartError(f"--web.config.file {error}") from None
         journal = JournalSource(JournalPlace(config.namespace, config.directory))
         gpu = GpuSource(config.interval) if config.gpu else None
-        agent = Agent(config, journal, ProcessSource(cgroup_root), gpu)
+        agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, _history(config.state_path))
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(lambda: agent.snapshot))
         ProcessCollector(namespace="llmstartup_exporter", registry=registry)
-        server = None
-        if http:
-            try:
-                server, _ = serve(*config.listen, make_app(registry, lambda: agent.snapshot))
-            except OSError as error:
-                raise StartError(f"cannot listen on {config.listen[0]}:{config.listen[1]}: {error.strerror}") from None
         journal.start()
         if gpu:
             gpu.start()
+        server = None
+        try:
+            # Serve only once the units' history is read: the first scrape after a (re)start
+            # already says where each unit is.
+            agent.warm_up()
+            if http:
+                server = serve(*config.listen, make_app(registry, lambda: agent.snapshot), web)
+        except OSError as error:
+            journal.stop()
+            if gpu:
+                gpu.stop()
+            raise StartError(f"cannot listen on {config.listen[0]}:{config.listen[1]}: {error.strerror}") from None
         return cls(agent, journal, gpu, server, cgroup_root)
 
     def close(self) -> None:
         if self.server:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
         self.journal.stop()
         if self.gpu:
             self.gpu.stop()
+
+
+def _history(path: Path | None) -> History | None:
+    """The history, or none when it cannot be kept: the agent works on, without expectations."""
+    if path is None:
+        return None
+    try:
+        return History(path)
+    except (HistoryError, OSError) as error:
+        logger.error("no history: %s (expectations and 'slower than usual' are off)", error)
+        return None
 
 
 def run_in_thread(config: Config) -> tuple[Runtime, threading.Event, threading.Thread]:
