@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterable
 
-from exporter import expectations, grammar, xids
+from exporter import evidence, expectations, grammar, xids
 from exporter.config import Config
 from exporter.grammar import Grammar
 from exporter.history import AttemptRecord, History
@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_ENGINE = "vllm"
 DISCOVER_EVERY = 10.0  # seconds between scans of the cgroup tree for model-server units
+# How often what the agent watched is saved for the agent after it: the gap a successor judges
+# across is at most this much longer than the time it was down.
+EVIDENCE_EVERY = 5.0
 
 
 class Agent:
@@ -65,7 +68,9 @@ class Agent:
         self.expectations: dict[str, tuple[tuple[str, str], Expectation]] = {}  # unit → (key, expectation)
         self._recorded: set[tuple[str, float]] = set()
         self._saved_cursor: str | None = None
+        self._saved_evidence_at = float("-inf")
         self._boot_id = _boot_id()
+        self._resuming = evidence.load(history.evidence(), self._boot_id) if history else {}
         self.snapshot = Snapshot(t=clock(), wall_offset=wall() - clock())
 
     def engine(self, unit: str) -> str:
@@ -90,6 +95,7 @@ class Agent:
         for item in self.journal.drain():
             (found if isinstance(item, XidError) else observations).append(item)
         observations += [s for u, s in samples.items() if u in history_read]
+        observations += [self._resuming.pop(u) for u in history_read & self._resuming.keys()]
         reading = self.gpu.latest if self.gpu else None
         if reading is not None:
             # Each reading is folded once per unit, also into a unit whose history was read later.
@@ -167,6 +173,10 @@ class Agent:
                 self._recorded.add((state.unit, attempt.started))
                 self.history.record(self._record(state, attempt, offset))
                 self.expectations.pop(state.unit, None)
+        now = self._clock()
+        if now - self._saved_evidence_at >= EVIDENCE_EVERY:
+            self.history.save_evidence(evidence.dump(self.states.values(), self._boot_id))
+            self._saved_evidence_at = now
         if self.journal.cursor and self.journal.cursor != self._saved_cursor:
             self.history.save_cursor(self.journal.cursor)
             self._saved_cursor = self.journal.cursor

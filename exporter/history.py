@@ -168,5 +168,13 @@ class History:
         row = self._db.execute("SELECT value FROM meta WHERE key = 'journal_cursor'").fetchone()
         return row[0] if row else None
 
+    def save_evidence(self, evidence: str) -> None:
+        """What the agent has watched of the starts in progress (JSON), for the agent after it."""
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('evidence', ?)", (evidence,))
+
+    def evidence(self) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'evidence'").fetchone()
+        return row[0] if row else None
+
     def close(self) -> None:
         self._db.close()

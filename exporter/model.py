@@ -158,7 +158,21 @@ class Fault:
     reason: Reason
 
 
-Observation = LogLine | Lifecycle | ProcessSample | GpuSample | Fault
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """What an agent killed before this one had watched of a start: its process side, so that a
+    restarted agent judges stillness across the gap instead of starting to watch from zero."""
+
+    t: float  # the saved process sample's time
+    unit: str
+    invocation: str  # the start it watched, by systemd's invocation id when there is one
+    attempt_started: float
+    watched_since: float
+    moved: Mapping[Signal, float]
+    sample: ProcessSample
+
+
+Observation = LogLine | Lifecycle | ProcessSample | GpuSample | Fault | Resumed
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from exporter.model import (
     Phase,
     ProcessSample,
     Reason,
+    Resumed,
     Signal,
     UnitState,
     Verdict,
@@ -314,7 +315,21 @@ def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits
     if isinstance(obs, Fault):
         live = _live(state)
         return replace(state, attempt=_cause(live, obs.reason)) if live else state
+    if isinstance(obs, Resumed):
+        return _resumed(state, obs)
     return _gpu(state, obs, limits)
+
+
+def _resumed(state: UnitState, resumed: Resumed) -> UnitState:
+    """Take over what the previous agent watched, if it watched this very start."""
+    live = _live(state)
+    if live is None or state.last_process is not None:
+        return state
+    same = live.invocation == resumed.invocation if live.invocation else live.started == resumed.attempt_started
+    if not same:
+        return state
+    moved = {**resumed.moved, **{s: t for s, t in state.moved.items() if t > resumed.moved.get(s, -1.0)}}
+    return replace(state, watched_since=resumed.watched_since, moved=frozen_map(moved), last_process=resumed.sample)
 
 
 def judge(state: UnitState, now: float, limits: Limits, ceiling: float | None = None) -> Verdict:

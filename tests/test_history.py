@@ -128,3 +128,17 @@ def test_starts_are_learned_across_restarts_of_the_unit_and_of_the_agent(agent, 
              15, "both starts seen again")
     rows = sqlite3.connect(tmp_path / "state.db").execute("SELECT count(*) FROM attempts").fetchone()[0]
     assert rows == 2
+
+
+def test_evidence_round_trips_and_is_refused_from_another_boot():
+    from exporter import evidence
+    from exporter.model import ProcessSample, Signal, UnitState
+
+    sample = ProcessSample(50.0, "u.service", frozenset({(10, 1.5)}), 12.5, 100, 200, 300, started_at=1.5)
+    state = UnitState("u.service", attempt=Attempt(started=1.0, invocation="abc"), watched_since=20.0,
+                      moved={Signal.CPU: 49.0}, last_process=sample)
+    text = evidence.dump([state], "boot-1")
+    [resumed] = evidence.load(text, "boot-1").values()
+    assert (resumed.sample, resumed.invocation, resumed.watched_since) == (sample, "abc", 20.0)
+    assert evidence.load(text, "boot-2") == {}
+    assert evidence.load("{not json", "boot-1") == {}

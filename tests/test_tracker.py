@@ -317,3 +317,27 @@ def test_settings_and_compile_cache_are_kept_on_the_attempt():
     ])
     assert state.attempt.settings == "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 32768}"
     assert state.attempt.compile_cache == "cold"
+
+
+def _resumed(**changes):
+    from exporter.model import Resumed
+
+    saved = dict(t=22, unit=U, invocation="a", attempt_started=0, watched_since=0, moved={Signal.CPU: 22.0}, sample=procs(22, 10, cpu=30))
+    saved.update(changes)
+    return Resumed(**saved)
+
+
+@pytest.mark.parametrize(
+    ("observations", "want"),
+    [
+        pytest.param([*TO_COMPILE[1:5], _resumed(), *(procs(t, 10, cpu=30) for t in range(330, 341, 10))],
+                     Verdict.STALLED, id="nothing moved across the gap: still stalled at once"),
+        pytest.param([*TO_COMPILE[1:5], _resumed(), *(procs(t, 10, cpu=30 + t) for t in range(330, 341, 10))],
+                     Verdict.SILENT_PROGRESS, id="CPU moved across the gap: silent progress"),
+        pytest.param([*TO_COMPILE[1:5], _resumed(invocation="b"), *(procs(t, 10, cpu=30) for t in range(330, 341, 10))],
+                     Verdict.UNKNOWN, id="saved for another start: ignored, not watched long enough"),
+    ],
+)
+def test_a_restarted_agent_takes_over_what_it_had_watched(observations, want):
+    observations = sorted(observations, key=lambda o: o.t)
+    assert judge(fold(observations), 340, LIMITS) is want

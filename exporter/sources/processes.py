@@ -178,7 +178,8 @@ class ProcessSource:
         if kept is not None and kept.process == fresh:
             return kept
         try:
-            started = fresh.create_time() - boot_offset
+            # to the clock tick, so that every agent computes the same identity for the same process
+            started = round(fresh.create_time() - boot_offset, 2)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
         return _Known(fresh, started)
