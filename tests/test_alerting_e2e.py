@@ -17,6 +17,7 @@ than the compile's silence. The test takes about 30 s.
 
 from __future__ import annotations
 
+from grafana.dashboards import panel_queries
 from tests.prometheus_stack import prometheus_stack  # noqa: F401 (fixture)
 from tests.scrape import wait_for
 from tests.test_serve import HANG_AFTER_COMPILE, READY_AFTER_SILENT_COMPILE
@@ -86,6 +87,17 @@ def test_hung_unit_pages_silent_compile_raises_nothing(agent, units, prometheus_
     stalled = next(a for a in alertmanager.alerts() if a["labels"]["alertname"] == "LLMStartupStalled")
     assert silence["status"]["state"] == "suppressed"
     assert silence["status"]["inhibitedBy"] == [stalled["fingerprint"]]
+
+    # Every dashboard panel's query is valid against this Prometheus, and shows this scenario's data:
+    # all but what it has none of (no GPU here, no failure, no start that began in the last 2 minutes).
+    # A panel shows data when any of its queries does (one query per phase: not every phase is passed).
+    empty_by_design = ("gpu_", "failures_total", "changes(")
+    shown: dict[str, bool] = {}
+    for title, expr in panel_queries():
+        result = prometheus.query(expr)  # an AssertionError with Prometheus's message if it is invalid
+        if not any(part in expr for part in empty_by_design):
+            shown[title] = shown.get(title, False) or bool(result)
+    assert [title for title, data in shown.items() if not data] == []
 
 
 def test_alertmanager_inhibits_a_down_agents_unit_alerts(prometheus_stack):
