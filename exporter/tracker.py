@@ -79,13 +79,18 @@ def _enter(state: UnitState, phase: Phase, t: float) -> UnitState:
         )
     attempt = attempt.at(phase, t)
     if phase is Phase.READY:  # causes seen on the way no longer explain a later exit
-        attempt = replace(attempt, outcome=Outcome.READY, ready_at=t, reason=None)
-        state = replace(
-            state,
-            startups=_bump(state.startups, Outcome.READY),
-            startup_durations=_observe(state.startup_durations, Outcome.READY, t - attempt.started),
-        )
+        state, attempt = _settle(state, replace(attempt, ready_at=t, reason=None), Outcome.READY, t)
     return replace(state, attempt=attempt)
+
+
+def _settle(state: UnitState, attempt: Attempt, outcome: Outcome, t: float) -> tuple[UnitState, Attempt]:
+    """How the start ended, counted once: startups_total and startup_duration_seconds."""
+    state = replace(
+        state,
+        startups=_bump(state.startups, outcome),
+        startup_durations=_observe(state.startup_durations, outcome, t - attempt.started),
+    )
+    return state, replace(attempt, outcome=outcome)
 
 
 def _cause(attempt: Attempt, reason: Reason) -> Attempt:
@@ -104,12 +109,7 @@ def _fail(state: UnitState, t: float, reason: Reason) -> UnitState:
     assert attempt.reason is not None
     state = replace(state, failures=_bump(state.failures, (attempt.phase, attempt.reason)))
     if attempt.outcome is None:
-        state = replace(
-            state,
-            startups=_bump(state.startups, Outcome.FAILED),
-            startup_durations=_observe(state.startup_durations, Outcome.FAILED, t - attempt.started),
-        )
-        attempt = replace(attempt, outcome=Outcome.FAILED)
+        state, attempt = _settle(state, attempt, Outcome.FAILED, t)
     return replace(state, attempt=attempt.at(Phase.FAILED, t))
 
 
@@ -117,12 +117,7 @@ def _stop(state: UnitState, t: float) -> UnitState:
     attempt = state.attempt
     assert attempt is not None
     if attempt.outcome is None:
-        state = replace(
-            state,
-            startups=_bump(state.startups, Outcome.STOPPED),
-            startup_durations=_observe(state.startup_durations, Outcome.STOPPED, t - attempt.started),
-        )
-        attempt = replace(attempt, outcome=Outcome.STOPPED)
+        state, attempt = _settle(state, attempt, Outcome.STOPPED, t)
     return replace(state, attempt=attempt.at(Phase.STOPPING, t))
 
 

@@ -11,24 +11,13 @@ from typing import Callable, Iterable, Mapping
 
 from systemd import journal
 
+from exporter.formats import FIELDS  # the fields an observation is built from; no other is decoded
 from exporter.lines import clean_records, redraw_ages
 from exporter.model import Event, Lifecycle, LogLine, Observation, XidError, frozen_map
 from exporter.sources.status import SourceStatus
 
 logger = logging.getLogger(__name__)
 
-# The fields an observation is built from; everything else in an entry is never decoded.
-FIELDS = (
-    "MESSAGE",
-    "_SYSTEMD_UNIT",
-    "_PID",
-    "UNIT",
-    "MESSAGE_ID",
-    "_SYSTEMD_INVOCATION_ID",
-    "INVOCATION_ID",
-    "UNIT_RESULT",
-    "_TRANSPORT",
-)
 
 # PID 1's unit lifecycle messages (src/systemd/sd-messages.h); text differs across versions, ids do not.
 LIFECYCLE_IDS: Mapping[str, Event] = frozen_map(
