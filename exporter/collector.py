@@ -59,6 +59,7 @@ class SnapshotCollector(Collector):
         last_log = _gauge("last_log_timestamp_seconds", "When the unit last wrote a journal line.", ["unit"])
         progress = _gauge("last_progress_timestamp_seconds", "When each liveness signal of the unit last moved past its floor.", ["unit", "signal"])
         cpu = CounterMetricFamily(f"{NS}_process_cpu_seconds_total", "CPU time of the unit's processes, exited children included." + CACHED, labels=["unit"])
+        suppressed = CounterMetricFamily(f"{NS}_journal_suppressed_lines_total", "Lines of the unit that journald's rate limit dropped (its 'Suppressed N messages' notices).", labels=["unit"])
         read = CounterMetricFamily(f"{NS}_process_read_bytes_total", "Bytes the unit's processes read (rchar: disk, pipes and network)." + CACHED, labels=["unit"])
         written = CounterMetricFamily(f"{NS}_process_written_bytes_total", "Bytes the unit's processes wrote (wchar)." + CACHED, labels=["unit"])
         rss = _gauge("process_resident_memory_bytes", "Resident memory of the unit's processes, summed." + CACHED, ["unit"])
@@ -90,6 +91,7 @@ class SnapshotCollector(Collector):
                 if signal in state.moved:
                     progress.add_metric([unit, signal], state.moved[signal] + wall)
             cpu.add_metric([unit], state.cpu_total)
+            suppressed.add_metric([unit], state.suppressed_total)
             read.add_metric([unit], state.read_total)
             written.add_metric([unit], state.written_total)
             sample = state.last_process
@@ -118,7 +120,7 @@ class SnapshotCollector(Collector):
                     expected.add_metric([unit, p], span.typical)
 
         yield from (info, phase, verdict, startup_start, phase_start, ready_at, last_log, progress)
-        yield from (cpu, read, written, rss, processes, gpu_memory, startups, failures)
+        yield from (cpu, suppressed, read, written, rss, processes, gpu_memory, startups, failures)
         yield from (phase_hist, startup_hist, last_phase, expected, *values.values())
 
         gpu_info = _gauge("gpu_info", "A GPU the agent sees, by index, with its UUID and name.", ["gpu", "uuid", "name"])

@@ -21,6 +21,8 @@ FIELDS = (
     "UNIT_RESULT",
     "_TRANSPORT",
     "SYSLOG_IDENTIFIER",
+    "OBJECT_SYSTEMD_UNIT",  # journald's "Suppressed N messages from UNIT" notice names the unit here
+    "N_DROPPED",
 )
 _WANTED = frozenset(FIELDS)
 
@@ -44,6 +46,10 @@ class Format(StrEnum):
 MONTHS = {m: i for i, m in enumerate(b"Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split(), 1)}
 HEAD = 512  # header regexes only ever look at this much of a line
 MAX_FIELD = 64 * 1024 * 1024  # a binary export field longer than this is taken for garbage
+# Times a timeline can print (report.iso: datetime's years 1 to 9999, a day's margin for any zone). A
+# date at the edge in a far zone ("0001-01-01T00:00:00+23:59") or a realtime of 30 digits is garbage,
+# read as no time: report.iso raised ValueError on it and `replay` died (found by tests/test_fuzz.py).
+MIN_TIME, MAX_TIME = -62135596800.0 + 86400, 253402300799.0 - 86400
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 FIELD_NAME = re.compile(rb"[A-Z_][A-Z0-9_]{0,63}")
 # journalctl's "-- Boot … --", "-- No entries --", "-- Logs begin at … --" lines
@@ -114,9 +120,10 @@ def _fraction(raw: bytes | None) -> float:
 def _epoch(year: int, month: int, day: int, hms: tuple[int, int, int], zone: tzinfo | None) -> float | None:
     """Seconds since the epoch; a naive time (zone None) is local time. None for an impossible date."""
     try:
-        return datetime(year, month, day, *hms, tzinfo=zone).timestamp()
+        t = datetime(year, month, day, *hms, tzinfo=zone).timestamp()
     except (ValueError, OverflowError, OSError):
         return None
+    return t if MIN_TIME <= t <= MAX_TIME else None
 
 
 def _stamp(groups: tuple[bytes | None, ...], default: tzinfo | None) -> float | None:
@@ -340,8 +347,12 @@ def entries(
 def _realtime(value: object) -> float | None:
     if isinstance(value, bytes):
         value = value.decode("ascii", "replace")
-    if isinstance(value, str) and value.isdigit():
-        return int(value) / 1e6
+    # isascii(): str.isdigit() is also true of "²", which int() refuses; a realtime that is not 1 to 18
+    # ASCII digits (µs up to year 9999) made int() or the division raise ValueError or OverflowError
+    # on a hostile -o json or -o export log (found by tests/test_fuzz.py).
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+        t = int(value) / 1e6
+        return t if t <= MAX_TIME else None
     return None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -57,13 +59,18 @@ class Match:
     values: Mapping[str, float] = field(default_factory=frozen_map)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # not slots: `alarms` is cached on the instance
 class Grammar:
     engine: str
     commands: tuple[re.Pattern[str], ...]  # searched in a process's command line
     prefix: re.Pattern[str] | None  # strips the engine's own line prefix; group `msg` is the rest
     rules: tuple[Rule, ...]
     settings: tuple[re.Pattern[str], ...] = ()  # the line(s) where the engine prints its settings
+
+    @functools.cached_property
+    def alarms(self) -> tuple[Rule, ...]:
+        """The rules that still matter once a start is settled: failures and heartbeats."""
+        return tuple(r for r in self.rules if r.reason is not None or r.heartbeat)
 
 
 def parse(engine: str, text: str) -> Grammar:
@@ -126,12 +133,18 @@ def load(engine: str) -> Grammar:
 ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "ollama", "triton", "generic")
 
 
-def match(grammar: Grammar, record: str) -> Match | None:
-    """The first rule that matches the record (after the engine's prefix), with its values."""
+def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
+    """The first rule that matches the record (after the engine's prefix), with its values.
+
+    `settled`: the start is ready, failed or stopping, so no phase marker can change anything; only
+    failures and heartbeats are tried. Failures come first in every grammar, so the first match
+    among them is the first match among all. Serving a model prints far more lines than starting
+    it: this is what keeps those lines cheap.
+    """
     message = record
     if grammar.prefix and (head := grammar.prefix.match(record)):
         message = head.group("msg")
-    for rule in grammar.rules:
+    for rule in grammar.alarms if settled else grammar.rules:
         if found := rule.pattern.search(message):
             info, values = {}, {}
             for group, raw in found.groupdict().items():
@@ -141,7 +154,9 @@ def match(grammar: Grammar, record: str) -> Match | None:
                     info[group] = raw
                 else:
                     name, _, unit = group.partition("__")
-                    values[name] = float(raw.replace(",", "")) * SCALES[unit]
+                    value = float(raw.replace(",", "")) * SCALES[unit]
+                    if math.isfinite(value):  # 400 digits of "max model len" is no value at all
+                        values[name] = value
             return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info), frozen_map(values))
     return None
 

@@ -11,7 +11,10 @@ MAX_RECORD = 4096
 
 # tqdm's "[elapsed<remaining" field: when a bar redrawn with \r reaches the journal in one burst at
 # its end, each redraw's elapsed time says how long before the burst it was really drawn.
-TQDM_ELAPSED = re.compile(r"\[(?:(\d+):)?(\d\d):(\d\d)<")
+# Hours take at most 6 digits: any text can hold "[" + 400 nines + ":00:00<", whose age (an int past
+# float's range) made `t - age` raise OverflowError in to_observations, which killed the journal reader
+# on that entry again after every restart (found by tests/test_fuzz.py).
+TQDM_ELAPSED = re.compile(r"\[(?:(\d{1,6}):)?(\d\d):(\d\d)<")
 
 
 def redraw_ages(records: list[str]) -> list[float]:

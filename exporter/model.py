@@ -172,7 +172,16 @@ class Resumed:
     sample: ProcessSample
 
 
-Observation = LogLine | Lifecycle | ProcessSample | GpuSample | Fault | Resumed
+@dataclass(frozen=True, slots=True)
+class Suppressed:
+    """journald dropped this many of the unit's lines (its rate limit): hidden lines are lines too."""
+
+    t: float
+    unit: str
+    count: int
+
+
+Observation = LogLine | Lifecycle | ProcessSample | GpuSample | Fault | Resumed | Suppressed
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +270,7 @@ class UnitState:
     last_phase_durations: Mapping[Phase, float] = field(default_factory=frozen_map)
     startup_durations: Mapping[Outcome, Histogram] = field(default_factory=frozen_map)
     cpu_total: float = 0.0
+    suppressed_total: int = 0  # lines journald's rate limit dropped
     read_total: int = 0
     written_total: int = 0
     # how fast things move now, for people: CPU cores in use, bytes read+written a second

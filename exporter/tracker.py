@@ -28,6 +28,7 @@ from exporter.model import (
     Reason,
     Resumed,
     Signal,
+    Suppressed,
     UnitState,
     Verdict,
     frozen_map,
@@ -138,11 +139,20 @@ def _end(state: UnitState, t: float, reason: Reason | None = None) -> UnitState:
 # ---- observations ----
 
 
+SETTLED = frozenset({Phase.READY, Phase.FAILED, Phase.STOPPING})
+
+
 def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> UnitState:
-    found = grammars.match(grammar, line.text)
+    live = _live(state)
+    found = grammars.match(grammar, line.text, settled=live is not None and live.phase in SETTLED)
     if found is None or not found.heartbeat:  # a heartbeat line says nothing about progress
         state = _silence_ends(state, line.t, limits)
-        state = _moved(replace(state, last_log=line.t, gpu_at_last_log=state.gpu_memory), Signal.LOG, line.t)
+        state = replace(  # one replace: this runs for every line a unit prints
+            state,
+            last_log=line.t,
+            gpu_at_last_log=state.gpu_memory,
+            moved=frozen_map({**state.moved, Signal.LOG: line.t}),
+        )
     attempt = state.attempt
     if attempt is None:
         state = _begin(state, line.t, line.invocation)
@@ -312,6 +322,9 @@ def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits
         return replace(state, attempt=_cause(live, obs.reason)) if live else state
     if isinstance(obs, Resumed):
         return _resumed(state, obs)
+    if isinstance(obs, Suppressed):  # the unit printed, even if journald kept none of it
+        state = replace(state, suppressed_total=state.suppressed_total + obs.count, last_log=obs.t)
+        return _moved(state, Signal.LOG, obs.t)
     return _gpu(state, obs, limits)
 
 

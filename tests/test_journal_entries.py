@@ -2,7 +2,7 @@
 
 import pytest
 
-from exporter.model import Event, Lifecycle, LogLine, XidError
+from exporter.model import Event, Lifecycle, LogLine, Suppressed, XidError
 from exporter.sources.journal import to_observations
 
 U = "vllm.service"
@@ -60,6 +60,18 @@ FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
             id="lifecycle lines that change nothing are skipped",
         ),
         pytest.param({"_PID": b"1", "UNIT": b"sshd.service", "MESSAGE_ID": STARTED}, [], id="PID 1 about an unwatched unit"),
+        pytest.param(
+            {"_TRANSPORT": b"driver", "MESSAGE_ID": b"a596d6fe7bfa4994828e72309e95d61e", "N_DROPPED": b"4242",
+             "OBJECT_SYSTEMD_UNIT": U, "MESSAGE": b"Suppressed 4242 messages from vllm.service"},
+            [Suppressed(5.0, U, 4242)],
+            id="journald dropped the unit's lines: counted",
+        ),
+        pytest.param(
+            {"_TRANSPORT": b"journal", "MESSAGE_ID": b"a596d6fe7bfa4994828e72309e95d61e", "N_DROPPED": b"9",
+             "OBJECT_SYSTEMD_UNIT": U, "MESSAGE": b"Suppressed 9 messages from vllm.service"},
+            [],
+            id="a suppression notice not from journald itself is ignored",
+        ),
         pytest.param(
             {"_TRANSPORT": b"kernel", "MESSAGE": b"NVRM: Xid (PCI:0000:3B:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."},
             [XidError(5.0, "0000:3b:00", 79, "kernel")],

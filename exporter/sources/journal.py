@@ -13,7 +13,7 @@ from systemd import journal
 
 from exporter.formats import FIELDS  # the fields an observation is built from; no other is decoded
 from exporter.lines import clean_records, redraw_ages
-from exporter.model import Event, Lifecycle, LogLine, Observation, XidError, frozen_map
+from exporter.model import Event, Lifecycle, LogLine, Observation, Suppressed, XidError, frozen_map
 from exporter.sources.status import SourceStatus
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ LIFECYCLE_IDS: Mapping[str, Event] = frozen_map(
 EXIT = re.compile(r"Main process exited, code=(\w+), status=(\d+)/(\w+)")
 FAILED_RESULT = re.compile(r"Failed with result '([\w-]+)'")
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)")
+SUPPRESSED = "a596d6fe7bfa4994828e72309e95d61e"  # journald: "Suppressed N messages from UNIT"
 
 
 def _text(value: bytes | str | None) -> str:
@@ -52,7 +53,12 @@ def to_observations(
     and Xid lines only from the kernel: journald fills in `_PID` and `_TRANSPORT` itself
     (systemd.journal-fields(7): trusted fields).
     """
-    if _text(fields.get("_TRANSPORT")) == "kernel":
+    transport = _text(fields.get("_TRANSPORT"))
+    if transport == "driver" and _text(fields.get("MESSAGE_ID")) == SUPPRESSED:  # journald's own word
+        unit = _text(fields.get("OBJECT_SYSTEMD_UNIT"))
+        dropped = _text(fields.get("N_DROPPED"))
+        return [Suppressed(t, unit, int(dropped))] if unit in units and dropped.isdigit() else []
+    if transport == "kernel":
         found = XID.search(_text(fields.get("MESSAGE")))
         return [XidError(t, found.group(1).lower(), int(found.group(2)), "kernel")] if found else []
     unit = _text(fields.get("_SYSTEMD_UNIT"))
@@ -97,14 +103,16 @@ class JournalPlace:
         return f"namespace {self.namespace}" if self.namespace else "the system journal"
 
 
+def fields_of(reader: journal.Reader) -> dict[str, bytes]:
+    """The current entry's FIELDS, raw bytes. One C call for all fields, and no decoding: a `_get`
+    per field raising KeyError for each missing one costs three times as much (bench/ingest.py), and
+    decoding every field five times (reliability.md §1.1)."""
+    everything = reader._get_all()
+    return {name: everything[name] for name in FIELDS if name in everything}
+
+
 def _entry(reader: journal.Reader) -> tuple[dict[str, bytes], float]:
-    fields = {}
-    for name in FIELDS:
-        try:
-            fields[name] = reader._get(name)  # raw bytes: decoding every field costs 5x (reliability.md §1.1)
-        except KeyError:
-            pass
-    return fields, reader._get_monotonic()[0] / 1e6
+    return fields_of(reader), reader._get_monotonic()[0] / 1e6
 
 
 class Follower:
@@ -209,6 +217,8 @@ class Follower:
                 reader.add_match(_SYSTEMD_UNIT=unit)
                 reader.add_disjunction()
                 reader.add_match(_PID="1", UNIT=unit)  # two fields of one match: both must hold
+                reader.add_disjunction()
+                reader.add_match(OBJECT_SYSTEMD_UNIT=unit)  # journald's notices about it
                 reader.add_disjunction()
             batch: list[Observation | XidError] = []
             while reader._next() and reader._get_realtime() <= self._position:

@@ -10,7 +10,8 @@ from typing import Iterator
 
 from systemd import journal
 
-from exporter.formats import FIELDS
+from exporter.sources.journal import fields_of
+
 
 SIGNATURE = b"LPKSHHRH"  # the first 8 bytes of every journal file (systemd's journal-def.h)
 MACHINE_DIR = re.compile(r"[0-9a-f]{32}")
@@ -79,12 +80,7 @@ def read_journal_file(path: Path) -> Iterator[tuple[float, dict[str, bytes]]]:
             try:
                 if not reader._next():
                     return
-                fields: dict[str, bytes] = {}
-                for name in FIELDS:
-                    try:
-                        fields[name] = reader._get(name)
-                    except KeyError:
-                        pass
+                fields = fields_of(reader)
                 t = reader._get_realtime() / 1e6
             except OSError as err:
                 raise OSError(
