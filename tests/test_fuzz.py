@@ -347,11 +347,6 @@ def test_to_observations_take_any_fields(fields: dict, t: float, units: frozense
             assert fields.get("_PID") in ("1", b"1")
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "to_observations assumes str or bytes values; a list (what systemd-python's Reader gives for a "
-    "repeated field when it converts fields, e.g. reader.get_next()) raises TypeError: unhashable type "
-    "'list' at `unit in units`. Not reachable from the agent (it reads raw bytes with _get) nor from "
-    "exporter.formats (str/bytes only); left to the owner of exporter/sources/journal.py"))
 @FUZZ
 @given(st.dictionaries(st.sampled_from(JOURNAL_FIELDS), st.lists(FIELD_VALUES, min_size=1, max_size=3), min_size=1))
 @example({"_SYSTEMD_UNIT": [UNIT, UNIT], "MESSAGE": ["x"]})
@@ -359,13 +354,20 @@ def test_to_observations_take_list_values(fields: dict) -> None:
     to_observations(fields, 1.0, UNITS)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "sources/journal.py XID takes `(\\d+)` digits and int() refuses more than 4300: a `kernel:` line of a "
-    "saved short-format log (formats gives it _TRANSPORT=kernel) with a 5000-digit Xid makes to_observations "
-    "raise, and `llmstartup replay` dies. Only the kernel can write _TRANSPORT=kernel to a live journal, so the "
-    "agent is not exposed. Left to the owner of exporter/sources/journal.py (bound the digits)"))
 def test_to_observations_take_a_huge_xid() -> None:
     to_observations({"_TRANSPORT": "kernel", "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): " + "9" * 5000 + ", x"}, 1.0, UNITS)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
+    "sources/journal.py reads journald's suppression notice's N_DROPPED with `dropped.isdigit()` then "
+    "int(): '²' passes isdigit() and int() refuses it, as it refuses more than 4300 digits. A live journal "
+    "cannot hold it (only journald writes _TRANSPORT=driver), but a saved -o json/-o export log can "
+    "(formats.FIELDS keeps N_DROPPED), and `llmstartup replay` dies on it. Left to the owner of "
+    "exporter/sources/journal.py (isascii() and a length bound, as formats._realtime now does)"))
+@pytest.mark.parametrize("dropped", ["²", "9" * 5000])
+def test_to_observations_take_any_suppressed_count(dropped: str) -> None:
+    to_observations({"_TRANSPORT": "driver", "MESSAGE_ID": "a596d6fe7bfa4994828e72309e95d61e",
+                     "OBJECT_SYSTEMD_UNIT": UNIT, "N_DROPPED": dropped}, 1.0, UNITS)
 
 
 # ---- (e) replay ------------------------------------------------------------------------------------

@@ -34,14 +34,16 @@ LIFECYCLE_IDS: Mapping[str, Event] = frozen_map(
 )
 EXIT = re.compile(r"Main process exited, code=(\w+), status=(\d+)/(\w+)")
 FAILED_RESULT = re.compile(r"Failed with result '([\w-]+)'")
-XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)")
+XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d{1,6})\b")
 SUPPRESSED = "a596d6fe7bfa4994828e72309e95d61e"  # journald: "Suppressed N messages from UNIT"
 
 
-def _text(value: bytes | str | None) -> str:
+def _text(value: bytes | str | list | None) -> str:  # type: ignore[type-arg]
+    if isinstance(value, list):  # a field given twice: journald keeps both, the first one counts
+        value = value[0] if value else None
     if value is None:
         return ""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def to_observations(
@@ -64,7 +66,8 @@ def to_observations(
     unit = _text(fields.get("_SYSTEMD_UNIT"))
     if unit in units:
         invocation = _text(fields.get("_SYSTEMD_INVOCATION_ID"))
-        records = clean_records(fields.get("MESSAGE", b""))
+        message = fields.get("MESSAGE", b"")
+        records = clean_records(message[0] if isinstance(message, list) and message else message or b"")
         # A \r bar arrives when it ends; date each redraw back to when it was drawn.
         return [LogLine(t - age, unit, r, invocation) for r, age in zip(records, redraw_ages(records))]
     subject = _text(fields.get("UNIT"))
