@@ -78,12 +78,14 @@ class History:
             self._db = self._open()
         except sqlite3.DatabaseError as error:  # corrupt, or not a database at all
             aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-            logger.error("history %s is unreadable (%s): moved aside to %s, starting a fresh one", path, error, aside)
             for suffix in ("", "-wal", "-shm"):
                 try:
                     Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
                 except FileNotFoundError:
                     pass
+                except OSError as cannot:
+                    raise HistoryError(f"history {path} is unreadable ({error}) and cannot be moved aside: {cannot}") from None
+            logger.error("history %s is unreadable (%s): moved aside to %s, starting a fresh one", path, error, aside)
             try:
                 self._db = self._open()
             except sqlite3.Error as again:

@@ -358,12 +358,6 @@ def test_to_observations_take_a_huge_xid() -> None:
     to_observations({"_TRANSPORT": "kernel", "MESSAGE": "NVRM: Xid (PCI:0000:3b:00): " + "9" * 5000 + ", x"}, 1.0, UNITS)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "sources/journal.py reads journald's suppression notice's N_DROPPED with `dropped.isdigit()` then "
-    "int(): '²' passes isdigit() and int() refuses it, as it refuses more than 4300 digits. A live journal "
-    "cannot hold it (only journald writes _TRANSPORT=driver), but a saved -o json/-o export log can "
-    "(formats.FIELDS keeps N_DROPPED), and `llmstartup replay` dies on it. Left to the owner of "
-    "exporter/sources/journal.py (isascii() and a length bound, as formats._realtime now does)"))
 @pytest.mark.parametrize("dropped", ["²", "9" * 5000])
 def test_to_observations_take_any_suppressed_count(dropped: str) -> None:
     to_observations({"_TRANSPORT": "driver", "MESSAGE_ID": "a596d6fe7bfa4994828e72309e95d61e",

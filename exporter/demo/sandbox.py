@@ -162,6 +162,7 @@ class Journald:
         self.stdout_socket = self.runtime_dir / "stdout"
         self.process: subprocess.Popen[bytes] | None = None
         self._log: Any = None
+        self._keepalive: socket.socket | None = None
         self._units: dict[str, Unit] = {}
         self._invocations: dict[str, str] = {}  # unit name → the invocation id we last wrote
 
@@ -208,6 +209,7 @@ class Journald:
         self._launch(preflight())
 
     def _launch(self, binary: str) -> None:
+        self._close_keepalive()
         if self._log is not None:
             self._log.close()
         self._log = tempfile.TemporaryFile()
@@ -235,11 +237,17 @@ class Journald:
                     f"{STARTUP_TIMEOUT:.0f} s: {output or '(no output)'}"
                 )
             time.sleep(POLL)
+        # A namespace journald exits after 30 s without a stream (systemd-journald@.service is
+        # socket-activated); a stream that never writes keeps it up for as long as we want it.
+        self._keepalive = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._keepalive.connect(str(self.stdout_socket))
+        self._keepalive.sendall(b"llmstartup-keepalive\n\n6\n0\n0\n0\n0\n")
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop our units, then journald; remove its runtime directory, journal files and our symlinks."""
         for unit in list(self._units.values()):
             unit.stop()
+        self._close_keepalive()
         process, self.process = self.process, None
         if process is None:
             return
@@ -263,6 +271,11 @@ class Journald:
                 pass
         self._invocations.clear()
         self._remove_files()
+
+    def _close_keepalive(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.close()
+            self._keepalive = None
 
     def reader(self, **matches: str) -> Any:
         """A fresh systemd.journal.Reader over this namespace, with optional field matches."""

@@ -36,6 +36,7 @@ EXIT = re.compile(r"Main process exited, code=(\w+), status=(\d+)/(\w+)")
 FAILED_RESULT = re.compile(r"Failed with result '([\w-]+)'")
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d{1,6})\b")
 SUPPRESSED = "a596d6fe7bfa4994828e72309e95d61e"  # journald: "Suppressed N messages from UNIT"
+COUNT = re.compile(r"[0-9]{1,12}")  # ASCII digits, bounded: a saved log can hold anything
 
 
 def _text(value: bytes | str | list | None) -> str:  # type: ignore[type-arg]
@@ -59,7 +60,7 @@ def to_observations(
     if transport == "driver" and _text(fields.get("MESSAGE_ID")) == SUPPRESSED:  # journald's own word
         unit = _text(fields.get("OBJECT_SYSTEMD_UNIT"))
         dropped = _text(fields.get("N_DROPPED"))
-        return [Suppressed(t, unit, int(dropped))] if unit in units and dropped.isdigit() else []
+        return [Suppressed(t, unit, int(dropped))] if unit in units and COUNT.fullmatch(dropped) else []
     if transport == "kernel":
         found = XID.search(_text(fields.get("MESSAGE")))
         return [XidError(t, found.group(1).lower(), int(found.group(2)), "kernel")] if found else []

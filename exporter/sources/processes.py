@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import time
 import re
@@ -15,6 +16,7 @@ import psutil
 
 from exporter.model import ProcessSample, ProcessState, frozen_map
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 STATES: Mapping[str, ProcessState] = MappingProxyType(
@@ -65,12 +67,13 @@ def find_cgroup2_root(mountinfo_path: str | Path = "/proc/self/mountinfo") -> Pa
     return Path(mount) if mount is not None else None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # the source's own cache entry, not a value handed out
 class _Known:
     process: psutil.Process
     # Fixed at first sight: recomputing it each sample would let the drift of the wall/monotonic
     # offset change a process's identity and look like processes coming and going.
     started: float
+    io_denied: bool = False  # /proc/<pid>/io refused: said once in the log
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,7 @@ class ProcessSource:
         self.cgroup_root = Path(cgroup_root)
         self.slice = slice
         self._known: dict[int, _Known] = {}
+        self._io_warned = False
 
     def sample(
         self, units: Iterable[str], t: float, boot_offset: float | None = None
@@ -134,6 +138,11 @@ class ProcessSource:
                 if reading is not None:
                     readings.append(reading)
             samples[unit] = _summarise(unit, t, readings, _cgroup_cpu_seconds(cgroup))
+            if not self._io_warned and any(known[r.pid].io_denied for r in readings):
+                self._io_warned = True
+                logger.warning(
+                    "unit=%s cannot read /proc/<pid>/io of its processes (run as root, as their user, or with "
+                    "CAP_SYS_PTRACE): read/written bytes and the io signal miss them", unit)
         self._known = known
         return samples
 
@@ -236,7 +245,12 @@ def _read(known: _Known) -> _Reading | None:
         except psutil.AccessDenied:
             state = None
         cpu = _value(process.cpu_times, None)
-        io = _value(process.io_counters, None)
+        try:
+            io = process.io_counters()
+        except psutil.AccessDenied:  # /proc/<pid>/io needs the same user or CAP_SYS_PTRACE
+            io, known.io_denied = None, True
+        except psutil.NoSuchProcess:
+            io = None
         memory = _value(process.memory_info, None)
     return _Reading(
         pid=process.pid,
