@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from urllib.parse import unquote, urlsplit
 
 import bcrypt
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from exporter import landing
 from exporter.model import Snapshot
@@ -62,8 +62,27 @@ STATUS_TEXT = {400: "Bad Request", 401: "Unauthorized", 431: "Request Header Fie
                500: "Internal Server Error", 503: "Service Unavailable"}
 
 
+class _Rendered:
+    """The exposition rendered once per snapshot: the snapshot changes once a sample interval, and
+    rendering costs milliseconds (prometheus_client escapes every label of every sample), so every
+    scrape between two ticks gets the same bytes."""
+
+    def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], Snapshot]) -> None:
+        self._registry, self._snapshot = registry, snapshot
+        self._key: Snapshot | None = None
+        self._body = b""
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bytes:
+        snap = self._snapshot()
+        with self._lock:
+            if snap is not self._key:
+                self._body, self._key = generate_latest(self._registry), snap
+            return self._body
+
+
 def make_app(registry: CollectorRegistry, snapshot: Callable[[], Snapshot]) -> App:
-    metrics = make_wsgi_app(registry)
+    rendered = _Rendered(registry, snapshot)
 
     def app(environ: dict, start_response: StartResponse) -> Iterable[bytes]:  # type: ignore[type-arg]
         path, method = environ.get("PATH_INFO", "/"), environ.get("REQUEST_METHOD", "GET")
@@ -73,9 +92,9 @@ def make_app(registry: CollectorRegistry, snapshot: Callable[[], Snapshot]) -> A
         if method not in ("GET", "HEAD"):
             start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Type", "text/plain")])
             return [b"method not allowed\n"]
-        if path == "/metrics":
-            # prometheus_client answers HEAD with 405; render as for GET, the server drops the body.
-            return metrics({**environ, "REQUEST_METHOD": "GET"}, start_response)
+        if path == "/metrics":  # HEAD as GET: the server drops the body
+            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
+            return [rendered()]
         snap = snapshot()
         if path == "/api/v1/units":
             start_response("200 OK", [("Content-Type", "application/json")])

@@ -66,10 +66,14 @@ class Runtime:
             agent.warm_up()
             if http:
                 server = serve(*config.listen, make_app(registry, lambda: agent.snapshot), web)
-        except OSError as error:
+                scheme = "https" if web and web.tls else "http"
+                logger.info("serving on %s://%s:%d/metrics", scheme, *config.listen)
+        except (OSError, webconfig.WebConfigError) as error:
             journal.stop()
             if gpu:
                 gpu.stop()
+            if isinstance(error, webconfig.WebConfigError):  # a certificate and key that do not fit
+                raise StartError(f"--web.config.file {error}") from None
             raise StartError(f"cannot listen on {config.listen[0]}:{config.listen[1]}: {error.strerror}") from None
         return cls(agent, journal, gpu, server, cgroup_root)
 

@@ -1,0 +1,1 @@
+"""Benchmarks of llmstartup against references measured in the same run: `python -m bench` (bench/README.md)."""
