@@ -323,23 +323,30 @@ def annotations() -> list[dashboard.AnnotationQuery]:
 # --- Fleet view -----------------------------------------------------------------------------------------
 
 
-def fleet() -> dashboard.Dashboard:
-    ids = Ids()
-    d = (
-        dashboard.Dashboard("llmstartup / fleet")
-        .uid(FLEET_UID)
-        .description(
-            "Every LLM model-server unit on every host: which startup phase it is in, and whether it is still making progress."
-        )
+def _dashboard(title: str, uid: str, description: str, since: str, refresh: str, fleet: bool) -> dashboard.Dashboard:
+    """What both dashboards share: tags, time, cursor, variables, annotations and links."""
+    return (
+        dashboard.Dashboard(title)
+        .uid(uid)
+        .description(description)
         .tags(TAGS)
         .editable()
         .timezone("browser")
-        .time("now-6h", "now")
-        .refresh("30s")
+        .time(since, "now")
+        .refresh(refresh)
         .tooltip(model.DashboardCursorSync.CROSSHAIR)
-        .variables(variables(fleet=True))
+        .variables(variables(fleet=fleet))
         .annotations(annotations())
         .links(links())
+    )
+
+
+def fleet() -> dashboard.Dashboard:
+    ids = Ids()
+    d = _dashboard(
+        "llmstartup / fleet", FLEET_UID,
+        "Every LLM model-server unit on every host: which startup phase it is in, and whether it is still making progress.",
+        "now-6h", "30s", fleet=True,
     )
 
     d = d.with_row(dashboard.Row("Now").id(ids()))
@@ -648,21 +655,10 @@ def fleet() -> dashboard.Dashboard:
 
 def unit() -> dashboard.Dashboard:
     ids = Ids()
-    d = (
-        dashboard.Dashboard("llmstartup / unit")
-        .uid(UNIT_UID)
-        .description(
-            "One LLM model-server unit on one host: where its start is, where the time went, and the evidence the agent judges it by."
-        )
-        .tags(TAGS)
-        .editable()
-        .timezone("browser")
-        .time("now-3h", "now")
-        .refresh("15s")
-        .tooltip(model.DashboardCursorSync.CROSSHAIR)
-        .variables(variables(fleet=False))
-        .annotations(annotations())
-        .links(links())
+    d = _dashboard(
+        "llmstartup / unit", UNIT_UID,
+        "One LLM model-server unit on one host: where its start is, where the time went, and the evidence the agent judges it by.",
+        "now-3h", "15s", fleet=False,
     )
 
     d = d.with_row(dashboard.Row("Now").id(ids()))
