@@ -118,14 +118,14 @@ class Agent:
         """Tick until the watched units' earlier lines are read, so that the first snapshot anyone
         sees after a (re)start already shows where each unit is, rather than nothing."""
         deadline = self._clock() + timeout
-        snap = self.tick()
+        self.tick()
         while (
             not set(self.engines) <= self.journal.ready_units
             and not self.journal.status.failing
             and self._clock() < deadline
         ):
             time.sleep(0.05)
-            snap = self.tick()
+            self.tick()
         return self.tick()  # once more: the process side of units whose history just arrived
 
     def run(self, stop: threading.Event) -> None:

@@ -22,10 +22,7 @@ from tests.fake_nvml.fixtures import (  # noqa: F401  (fixtures)
     Process,
     default_bus_id,
     default_uuid,
-    fake_nvml,
-    fake_nvml_lib,
-    fake_nvml_lib_no_v3,
-)
+)  # the fixtures fake_nvml, fake_nvml_lib and fake_nvml_lib_no_v3 come from tests/conftest.py
 
 GiB = 2**30
 

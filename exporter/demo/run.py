@@ -6,7 +6,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from typing import Callable, TextIO
 
 from exporter import grammar

@@ -7,14 +7,13 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Mapping
 
 from systemd import journal
 
 from exporter.formats import FIELDS  # the fields an observation is built from; no other is decoded
 from exporter.lines import clean_records, redraw_ages
 from exporter.model import Event, Lifecycle, LogLine, Observation, Suppressed, XidError, frozen_map
-from exporter.sources.status import SourceStatus
 
 logger = logging.getLogger(__name__)
 
