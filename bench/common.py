@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.demo.sandbox import end
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MiB = 2**20
@@ -140,13 +142,7 @@ def comm(pid: int) -> str:
 
 
 def stop(process: subprocess.Popen, timeout: float = 10.0) -> None:  # type: ignore[type-arg]
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    end(process, timeout)
 
 
 def find_binary(candidates: tuple[str, ...], package: str) -> str:

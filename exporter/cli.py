@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--engine", choices=[e for e in ENGINES if e != "generic"],
                         help="the engine (default: told from the lines)")
     replay.add_argument("--unit", dest="units", action="append", default=[], metavar="NAME",
+                        type=_typed(lambda text: parse_unit(text)[0]),
                         help="only this unit (repeatable); also the name for a plain engine log")
     replay.add_argument("--format", choices=["text", "json"], default="text", help="default text")
     replay.add_argument("--silence.threshold", dest="silence", type=_typed(parse_duration), default=60.0,
@@ -173,7 +174,7 @@ def run_replay(args: argparse.Namespace) -> int:
     def progress(done: int, total: int) -> None:
         sys.stderr.write(f"\rreplay: {done / total:4.0%} of {total / 2**20:.0f} MiB")
 
-    units = [parse_unit(u)[0] if "." not in u else u for u in args.units]
+    units = args.units
     run = replay.Replay(args.engine, Limits(silence=args.silence), default_unit=units[0] if units else "",
                         only=units)
     try:

@@ -11,7 +11,17 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from exporter import grammar as grammars
 from exporter.grammar import Grammar
-from exporter.model import STARTUP_ORDER, Attempt, Lifecycle, Limits, LogLine, Observation, Outcome, Phase, UnitState
+from exporter.model import (
+    STARTUP_ORDER,
+    Attempt,
+    Lifecycle,
+    Limits,
+    LogLine,
+    Observation,
+    Outcome,
+    Phase,
+    UnitState,
+)
 from exporter.report import duration, gaps, size, timeline
 from exporter.sources.journal import to_observations
 from exporter.tracker import advance

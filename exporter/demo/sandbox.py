@@ -151,6 +151,17 @@ def _remove(path: Path) -> None:
 # --- journald ----------------------------------------------------------------------------------
 
 
+def end(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within `timeout`; reaped either way."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 class Journald:
     """A private journald namespace instance, run as our child; read it with Reader(namespace=…)."""
 
@@ -252,13 +263,7 @@ class Journald:
         if process is None:
             return
         atexit.unregister(self.stop)
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        end(process, timeout)
         if self._log is not None:
             self._log.close()
             self._log = None

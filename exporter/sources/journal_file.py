@@ -12,7 +12,6 @@ from systemd import journal
 
 from exporter.sources.journal import fields_of
 
-
 SIGNATURE = b"LPKSHHRH"  # the first 8 bytes of every journal file (systemd's journal-def.h)
 MACHINE_DIR = re.compile(r"[0-9a-f]{32}")
 

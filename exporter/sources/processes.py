@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import time
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
