@@ -36,11 +36,15 @@ def _text(value: Any) -> str:
 
 def unit_of(fields: Fields, default: str) -> str:
     """The unit a line belongs to: journald's _SYSTEMD_UNIT, else the syslog identifier of a short-format
-    line (as `<identifier>.service`, which is what PID 1's lines call it), else the default."""
-    if unit := _text(fields.get("_SYSTEMD_UNIT")):
-        return unit
+    line (as `<identifier>.service`, which is what PID 1's lines call it), else the default.
+
+    "" for PID 1 (its lines are about the unit in their UNIT field; journald files them under
+    init.scope) and for the kernel.
+    """
     if _text(fields.get("_PID")) == "1" or _text(fields.get("_TRANSPORT")) == "kernel":
         return ""
+    if unit := _text(fields.get("_SYSTEMD_UNIT")):
+        return unit
     ident = _text(fields.get("SYSLOG_IDENTIFIER"))
     return f"{ident}.service" if ident else default
 
@@ -68,17 +72,25 @@ def choose_engine(records: Iterable[str], candidates: Iterable[Grammar]) -> tupl
 class _Unit:
     """One unit's fold; its first records wait in `pending` until the engine is chosen."""
 
-    def __init__(self, unit: str, engine: str | None) -> None:
-        self.unit, self.engine = unit, engine
+    def __init__(self, unit: str, engine: str | None, score: int = 0) -> None:
+        self.unit, self.engine, self.score = unit, engine, score
         self.pending: list[Observation] = []
+        self.records = 0  # log records in `pending`: the engine is chosen from the first SNIFF
         self.state = UnitState(unit, engine or "")
         self.attempts = 0
-        self.score = 0
 
 
 class Replay:
-    def __init__(self, engine: str | None, limits: Limits, default_unit: str = "", only: Iterable[str] = ()) -> None:
+    """The fold of a whole saved log, unit by unit.
+
+    `chosen`: engines (and their scores) already chosen for some units from their first SNIFF
+    records, by a reader that saw those records before it skimmed the rest (exporter.sources.journal_skim).
+    """
+
+    def __init__(self, engine: str | None, limits: Limits, default_unit: str = "", only: Iterable[str] = (),
+                 chosen: Mapping[str, tuple[str, int]] | None = None) -> None:
         self.forced = engine
+        self.chosen = chosen or {}
         self.limits = limits
         self.default_unit = default_unit
         self.only = frozenset(only)
@@ -104,14 +116,20 @@ class Replay:
                 continue
             for obs in to_observations(fields, now, frozenset({unit})):
                 if isinstance(obs, (LogLine, Lifecycle)):  # no process side and no GPUs in a saved log
-                    self._fold(self.units.setdefault(unit, _Unit(unit, self.forced)), obs)
+                    self._fold(self.units.get(unit) or self._new(unit), obs)
+
+    def _new(self, unit: str) -> _Unit:
+        engine, score = (self.forced, 0) if self.forced else self.chosen.get(unit, (None, 0))
+        new = self.units[unit] = _Unit(unit, engine, score)
+        return new
 
     def _fold(self, unit: _Unit, obs: Observation) -> None:
         if unit.engine is not None:
             self._advance(unit, obs)
             return
         unit.pending.append(obs)
-        if len(unit.pending) >= SNIFF:
+        unit.records += isinstance(obs, LogLine)
+        if unit.records >= SNIFF:
             self._choose(unit)
 
     def _choose(self, unit: _Unit) -> None:

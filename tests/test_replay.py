@@ -90,6 +90,28 @@ def test_several_units_in_one_file(tmp_path):
     assert only["unit"] == "vllm-b.service"
 
 
+def _pid1(t: int, message: str, message_id: str, **extra: str) -> dict:
+    """One of PID 1's lines about vllm.service as `journalctl -o json` prints it: filed under init.scope."""
+    return {"__REALTIME_TIMESTAMP": str(t), "_PID": "1", "_SYSTEMD_UNIT": "init.scope", "_TRANSPORT": "journal",
+            "UNIT": "vllm.service", "MESSAGE_ID": message_id, "MESSAGE": message, **extra}
+
+
+def test_pid1_says_how_the_start_ended(tmp_path):
+    """journald files PID 1's lines under init.scope; they are about the unit their UNIT names."""
+    line = {"_SYSTEMD_UNIT": "vllm.service", "_TRANSPORT": "stdout", "_SYSTEMD_INVOCATION_ID": "a" * 32}
+    log = [
+        _pid1(1_000_000, "Started vllm.service.", "39f53479d3a045ac8e11786248231fbf"),
+        {**line, "__REALTIME_TIMESTAMP": "2000000", "MESSAGE": "INFO 11-29 20:24:40 [api_server.py:1] vLLM API server version 0.11.0"},
+        {**line, "__REALTIME_TIMESTAMP": "3000000", "MESSAGE": "INFO 11-29 20:24:41 [core.py:1] Starting to load model m..."},
+        _pid1(9_000_000, "vllm.service: Main process exited, code=killed, status=9/KILL", "98e322203f7a4ed290d09fe03c09fe15"),
+    ]
+    path = tmp_path / "killed.json"
+    path.write_text("".join(json.dumps(entry) + "\n" for entry in log))
+    [doc] = documents(str(path))
+    assert (doc["outcome"], doc["failure_reason"], doc["last_phase"]) == ("failed", "killed", "downloading")
+    assert doc["startup_seconds"] == 8.0  # from PID 1's Started to its word on the exit
+
+
 def test_a_log_that_starts_mid_startup_and_ends_early(tmp_path):
     lines = (FORMATS / "vllm.log").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if "Starting to load model" in line)
