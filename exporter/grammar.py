@@ -11,6 +11,7 @@ from importlib import resources
 from typing import Mapping
 
 from exporter.model import Phase, Reason, frozen_map
+from exporter.screen import Screen
 
 # Engine-reported values a grammar may extract, with their help text. A rule names one in a group
 # as `<value>__<unit>`, e.g. `(?P<model_weights_bytes__gib>[\d.]+)`; the unit scales it to base units.
@@ -59,7 +60,7 @@ class Match:
     values: Mapping[str, float] = field(default_factory=frozen_map)
 
 
-@dataclass(frozen=True)  # not slots: `alarms` is cached on the instance
+@dataclass(frozen=True)  # not slots: `screen` is cached on the instance
 class Grammar:
     engine: str
     commands: tuple[re.Pattern[str], ...]  # searched in a process's command line
@@ -68,9 +69,14 @@ class Grammar:
     settings: tuple[re.Pattern[str], ...] = ()  # the line(s) where the engine prints its settings
 
     @functools.cached_property
-    def alarms(self) -> tuple[Rule, ...]:
-        """The rules that still matter once a start is settled: failures and heartbeats."""
-        return tuple(r for r in self.rules if r.reason is not None or r.heartbeat)
+    def screen(self) -> Screen:
+        """Which rules (indices 0…) and settings patterns (after them) might match a record's bytes."""
+        return Screen([r.pattern for r in self.rules] + list(self.settings))
+
+    def might(self, record: str) -> tuple[int, ...]:
+        # surrogatepass: a lone surrogate (never from the journal, which is decoded with "replace")
+        # becomes non-ASCII bytes, which pass the screen, rather than an error
+        return self.screen.might(record.encode("utf-8", "surrogatepass"))
 
 
 def parse(engine: str, text: str) -> Grammar:
@@ -139,12 +145,19 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
     `settled`: the start is ready, failed or stopping, so no phase marker can change anything; only
     failures and heartbeats are tried. Failures come first in every grammar, so the first match
     among them is the first match among all. Serving a model prints far more lines than starting
-    it: this is what keeps those lines cheap.
+    it: this, and the screen that rules out at once every rule whose literals the record lacks
+    (exporter.screen), is what keeps those lines cheap.
     """
+    candidates = [i for i in grammar.might(record) if i < len(grammar.rules)]
+    if not candidates:
+        return None
     message = record
     if grammar.prefix and (head := grammar.prefix.match(record)):
         message = head.group("msg")
-    for rule in grammar.alarms if settled else grammar.rules:
+    for index in candidates:
+        rule = grammar.rules[index]
+        if settled and rule.reason is None and not rule.heartbeat:
+            continue
         if found := rule.pattern.search(message):
             info, values = {}, {}
             for group, raw in found.groupdict().items():
@@ -163,11 +176,15 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
 
 def settings(grammar: Grammar, record: str) -> str | None:
     """The engine's settings if this record is where it prints them (after its prefix)."""
+    first = len(grammar.rules)
+    candidates = [i - first for i in grammar.might(record) if i >= first]
+    if not candidates:
+        return None
     message = record
     if grammar.prefix and (head := grammar.prefix.match(record)):
         message = head.group("msg")
-    for pattern in grammar.settings:
-        if found := pattern.search(message):
+    for index in candidates:
+        if found := grammar.settings[index].search(message):
             return found.group(0)[:4096]
     return None
 

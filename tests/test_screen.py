@@ -1,0 +1,138 @@
+"""exporter.screen: the literal screen in front of every grammar never rules out a regex that matches."""
+
+from __future__ import annotations
+
+import re
+from re import _constants as sre
+from re import _parser as sre_parse
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exporter import grammar
+from exporter.screen import Screen, required
+from test_grammars import ALL, GRAMMARS, _record
+
+PATTERNS = {engine: [r.pattern for r in g.rules] + list(g.settings) for engine, g in GRAMMARS.items()}
+
+
+@pytest.mark.parametrize(
+    ("pattern", "literals"),
+    [
+        ("vLLM API server version (?P<v>\\S+)", {("vLLM API server version ", False)}),
+        ("x?abc", {("abc", False)}),
+        ("(?:foo)?bar", {("bar", False)}),
+        ("a\\d+bcd", {("bcd", False)}),  # the longest run
+        ("NCCL error|DistBackendError", {("NCCL error", False), ("DistBackendError", False)}),
+        ("(?:EngineCore|WorkerProc) failed to start", {(" failed to start", False)}),
+        ("(?:ab)+", {("ab", False)}),
+        ("(?i)error: out of memory", {("error: out of memory", True)}),
+        ("id=(?i:Ready)", {("Ready", True)}),
+        ("(?i)x(?-i:Abc)", {("Abc", False)}),
+        ("\\u2588\\s+version", {("version", False)}),
+    ],
+)
+def test_required_literals(pattern, literals):
+    assert required(re.compile(pattern)) == literals
+
+
+@pytest.mark.parametrize("pattern", ["\\d+", "a|\\d", "(?:abc)?", "(?:abc)*", "[ab]c?", "(?=abc)"])
+def test_no_literal_no_screen(pattern):
+    """A regex that can match without any literal is never ruled out."""
+    screen = Screen([re.compile(pattern)])
+    assert required(re.compile(pattern)) is None
+    assert screen.unscreened == (0,)
+    assert screen.might(b"") == screen.might(b"zzz") == (0,)
+
+
+def test_every_rule_of_every_grammar_is_screened():
+    """No shipped rule falls back to always running: each has a literal the screen can look for."""
+    for engine, patterns in PATTERNS.items():
+        assert Screen(patterns).unscreened == (), engine
+
+
+def test_what_passes_the_screen():
+    screen = Screen([re.compile("CUDA out of memory"), re.compile("(?i)address already in use"),
+                     re.compile("\\u2588\\s+version")])
+    assert screen.might(b"INFO  10.0.0.1:4000 - \"POST /v1/completions HTTP/1.1\" 200 OK") == ()
+    assert screen.might(b"torch.OutOfMemoryError: CUDA out of memory. Tried") == (0,)
+    assert screen.might(b"ERROR: [Errno 98] ADDRESS ALREADY IN USE") == (1,)
+    # with a case-insensitive literal around, non-ASCII text passes for all: RE2 folds only ASCII
+    assert screen.might("█  version 0.19".encode()) == (0, 1, 2)
+    assert screen.passes(b"CUDA out of memory") and not screen.passes(b"nothing here")
+
+
+def test_what_passes_a_screen_without_case_folding():
+    patterns = [re.compile("CUDA out of memory"), re.compile("\u2588\\s+version")]
+    screen, raw = Screen(patterns), Screen(patterns, raw=True)
+    assert screen.might("█  version 0.19".encode()) == (1,)
+    assert screen.might("Modèle chargé".encode()) == screen.might(b"\xff\xfe CUDA") == ()
+    assert screen.might(b"\xff CUDA out of memory") == (0,)  # invalid UTF-8 around a literal
+    # a raw MESSAGE still holds colour codes, which clean_records strips, and \r bars
+    assert screen.might(b"CUDA \x1b[1mout of memory") == ()
+    assert raw.might(b"CUDA \x1b[1mout of memory") == raw.might(b"bar 1/2\rbar 2/2") == (0, 1)
+    assert raw.might(b"plain text") == ()
+
+
+@pytest.mark.parametrize("case", ALL, ids=lambda c: c.where)
+def test_every_fixture_line_that_a_regex_matches_passes_for_it(case):
+    record = _record(case)
+    might = GRAMMARS[case.engine].might(record)
+    for index, pattern in enumerate(PATTERNS[case.engine]):
+        if pattern.search(record):
+            assert index in might, f"{case.where}: screen rules out {pattern.pattern!r}"
+
+
+PLAIN = st.characters(min_codepoint=0x20, max_codepoint=0x7E) | st.just("\t")  # what the screen reads itself
+
+
+def _plain_literals(node) -> bool:
+    """Whether every literal character in a parse tree is plain ASCII (from_regex can then use PLAIN)."""
+    if isinstance(node, sre_parse.SubPattern):
+        return all(_plain_literals(item) for item in node)
+    if isinstance(node, list):
+        return all(_plain_literals(item) for item in node)
+    if isinstance(node, tuple) and len(node) == 2 and node[0] in (sre.LITERAL, sre.NOT_LITERAL):
+        return 0x20 <= node[1] <= 0x7E
+    return all(_plain_literals(item) for item in node) if isinstance(node, tuple) else True
+
+
+ASCII_ONLY = {(e, i) for e, patterns in PATTERNS.items() for i, p in enumerate(patterns)
+              if _plain_literals(sre_parse.parse(p.pattern, p.flags))}
+
+
+@st.composite
+def matching_text(draw: st.DrawFn) -> tuple[str, int, str]:
+    """A text one regex of one grammar matches: mostly plain ASCII, which the screen decides alone."""
+    engine = draw(st.sampled_from(sorted(PATTERNS)))
+    index = draw(st.integers(0, len(PATTERNS[engine]) - 1))
+    pattern = PATTERNS[engine][index]
+    plain = (engine, index) in ASCII_ONLY and draw(st.integers(0, 9)) > 0
+    return engine, index, draw(st.from_regex(pattern, alphabet=PLAIN) if plain else st.from_regex(pattern))
+
+
+@settings(max_examples=1500, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(matching_text())
+def test_text_a_regex_matches_always_passes_its_screen(drawn):
+    """Texts generated from the regexes themselves, with anything around the match."""
+    engine, index, text = drawn
+    assert PATTERNS[engine][index].search(text)
+    assert index in GRAMMARS[engine].might(text)
+
+
+@settings(max_examples=800, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(matching_text().map(lambda drawn: drawn[2]) | st.text(alphabet=PLAIN, max_size=300))
+def test_match_with_and_without_the_screen_agree(text):
+    """grammar.match through the screen gives what trying every rule in order gives."""
+    for g in GRAMMARS.values():
+        slow = next((rule for rule in g.rules if rule.pattern.search(_message(g, text))), None)
+        fast = grammar.match(g, text)
+        assert (fast is None) == (slow is None)
+        if fast is not None and slow is not None:
+            assert (fast.phase, fast.reason) == (slow.phase, slow.reason)
+
+
+def _message(g: grammar.Grammar, record: str) -> str:
+    head = g.prefix.match(record) if g.prefix else None
+    return head.group("msg") if head else record
