@@ -175,11 +175,17 @@ def run_replay(args: argparse.Namespace) -> int:
         sys.stderr.write(f"\rreplay: {done / total:4.0%} of {total / 2**20:.0f} MiB")
 
     units = args.units
-    run = replay.Replay(args.engine, Limits(silence=args.silence), default_unit=units[0] if units else "",
-                        only=units)
     try:
-        run.feed(saved_log.entries(args.file, units[0] if units else "", args.year,
-                                   progress if sys.stderr.isatty() else None))
+        if journal := saved_log.journal_file(args.file):  # read in parallel, skimmed (journal_skim)
+            from exporter.sources.journal_skim import skim
+
+            chosen, entries = skim(journal, args.silence, frozenset(units), args.engine)
+        else:
+            chosen, entries = {}, saved_log.entries(args.file, units[0] if units else "", args.year,
+                                                    progress if sys.stderr.isatty() else None)
+        run = replay.Replay(args.engine, Limits(silence=args.silence), default_unit=units[0] if units else "",
+                            only=units, chosen=chosen)
+        run.feed(entries)
     except OSError as error:
         logger.error("cannot read %s: %s", args.file, error.strerror or error)
         return 1

@@ -32,6 +32,14 @@ class _Counted(io.RawIOBase):
         return len(data)
 
 
+def journal_file(source: str) -> Path | None:
+    """The path of `source` when it is a journal file (not stdin, not text); OSError when unreadable."""
+    if source == "-":
+        return None
+    with open(source, "rb") as probe:
+        return Path(source) if is_journal_file(probe.read(8)) else None
+
+
 def entries(
     source: str, unit: str = "", year: int | None = None, progress: Callable[[int, int], None] | None = None
 ) -> Iterator[tuple[float | None, dict]]:  # type: ignore[type-arg]

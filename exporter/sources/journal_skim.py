@@ -1,0 +1,265 @@
+"""A journal file for replay, read in parallel slices that skip what no fold could notice.
+
+Most of a big journal is a model server serving: lines no grammar rule matches, a few milliseconds
+apart, of a start long settled. The fold's only use for such a line is its time (a silence ends
+there) — and only the line just before one that matters, or before a silence, says anything. So
+each slice reader hands over:
+
+- every entry it cannot vouch for (PID 1's, a unit's line without an invocation id, journald's own),
+  whole, as `read_journal_file` would;
+- of each unit's lines: any that might match a rule of any engine (exporter.screen, on the raw
+  bytes), the first of a new invocation, the first after a silence, the first after PID 1 spoke of
+  the unit, the first and last of the slice, and the one just before each of these;
+
+and drops the rest. Replay then folds what is handed over exactly as it folds the whole journal;
+tests/test_journal_skim.py checks that the two give the same documents.
+
+The slices are realtime ranges read by a pool of forked processes. Each says on which entry it
+began and on which it stopped; when these do not join up (a clock that went back), the whole file
+is read in order instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from systemd import journal
+
+from exporter import grammar as grammars
+from exporter.lines import MAX_RECORD, clean_records
+from exporter.model import LogLine
+from exporter.replay import SNIFF, choose_engine, unit_of
+from exporter.screen import Screen
+from exporter.sources.journal import fields_of, to_observations
+from exporter.sources.journal_file import _failed, _open, read_journal_file
+
+Entry = tuple[float, dict[str, bytes]]
+# Units whose entries are not all their own lines: PID 1 (init.scope) speaks of other units, and
+# journald's include its notices. Their entries are handed over whole.
+WHOLE = frozenset({b"init.scope", b"systemd-journald.service"})
+SLICES_PER_WORKER = 2  # short slices even out the work between workers
+PARALLEL_FROM = 16 * 2**20  # bytes of journal: below, forking costs more than it saves
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a slice reader needs to know."""
+
+    path: Path
+    owners: Mapping[bytes, bytes]  # invocation id → its unit, for the units read line by line
+    silence: int  # µs: a gap this long is a silence the fold records
+    only: frozenset[bytes] = frozenset()  # when given, every other unit's lines are dropped
+
+
+@dataclass
+class Slice:
+    entries: list[Entry] = field(default_factory=list)
+    start: str | None = None  # cursor of the first entry at or after the slice's start; None: none
+    stop: str | None = None  # cursor of the first entry past its end; None: it read to the end
+
+
+class _Line:
+    """A unit's last line in the slice, and whether its next line must be handed over."""
+
+    __slots__ = ("t", "invocation", "held", "wake")
+
+    def __init__(self, t: int, invocation: bytes) -> None:
+        self.t, self.invocation = t, invocation
+        self.held: Entry | None = None  # its last line, dropped unless the next one is handed over
+        self.wake = False  # PID 1 spoke of the unit since: what the fold compares a line with changed
+
+
+class _Unreliable(Exception):
+    """The file breaks an assumption the skim rests on: read it in order instead."""
+
+
+@functools.cache
+def _screen() -> Screen:
+    """Every rule and settings pattern of every engine: a unit's engine is chosen before the skim."""
+    loaded = [grammars.load(engine) for engine in grammars.ENGINES]
+    return Screen([p for g in loaded for p in (*(r.pattern for r in g.rules), *g.settings)], raw=True)
+
+
+def read_slice(plan: Plan, since: int | None, until: int | None) -> Slice:
+    """The entries of [since, until) (realtime µs; None: the file's start or end) worth handing over."""
+    reader = _open(plan.path)
+    try:
+        if since is None:
+            reader.seek_head()
+        else:
+            journal._Reader.seek_realtime(reader, since)  # µs, not the subclass's seconds
+        return _skim(reader, plan, END if until is None else until)
+    except OSError as err:
+        raise _failed(plan.path, err) from err
+    finally:
+        reader.close()
+
+
+END = 2**64  # past any realtime
+
+
+def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
+    out = Slice()
+    kept = out.entries
+    units: dict[bytes, _Line] = {}
+    owners, only, silence = plan.owners, plan.only, plan.silence
+    passes = _screen().passes
+    next_, get, realtime = reader._next, reader._get, reader._get_realtime
+
+    while next_():
+        t = realtime()
+        if out.start is None:
+            out.start = reader._get_cursor()
+        if t >= until:
+            out.stop = reader._get_cursor()
+            break
+        try:
+            invocation = get("_SYSTEMD_INVOCATION_ID")
+            unit = owners[invocation]
+        except KeyError:  # PID 1, journald, the kernel, a line without an invocation id
+            _whole(reader, t, units, kept)
+            continue
+        if only and unit not in only:
+            continue
+        try:
+            message = get("MESSAGE")
+        except KeyError:  # no MESSAGE, no line
+            continue
+        line = units.get(unit)
+        if (line is None or line.wake or invocation != line.invocation or t - line.t >= silence
+                or len(message) > MAX_RECORD or passes(message)):
+            fields = fields_of(reader)
+            if fields.get("_SYSTEMD_UNIT") != unit:
+                raise _Unreliable(f"invocation {invocation!r} is not only {unit!r}'s")
+            _hand_over(line, (t / 1e6, fields), kept)
+            if not clean_records(message):  # no record, no line: the fold sees nothing
+                continue
+            if line is None:
+                line = units[unit] = _Line(t, invocation)
+            line.wake = False
+        elif _blank(message):
+            continue
+        else:
+            line.held = (t / 1e6, {"_SYSTEMD_UNIT": unit, "MESSAGE": message, "_SYSTEMD_INVOCATION_ID": invocation})
+        line.t, line.invocation = t, invocation
+    kept += [line.held for line in units.values() if line.held is not None]
+    return out
+
+
+def _hand_over(line: _Line | None, entry: Entry, kept: list[Entry]) -> None:
+    """Hand over an entry, after the line held before it: the fold sees when the unit last spoke."""
+    if line is not None and line.held is not None:
+        kept.append(line.held)
+        line.held = None
+    kept.append(entry)
+
+
+def _whole(reader: journal.Reader, t: int, units: dict[bytes, _Line], kept: list[Entry]) -> None:
+    """Hand over an entry the skim cannot vouch for; its unit's next line is handed over too."""
+    fields = fields_of(reader)
+    if fields.get("_TRANSPORT") == b"kernel":
+        return  # replay has no use for the kernel's
+    subject = fields.get("UNIT") if fields.get("_PID") == b"1" else fields.get("_SYSTEMD_UNIT")
+    line = units.get(subject) if isinstance(subject, bytes) else None
+    if line is not None:
+        line.wake = True
+    _hand_over(line, (t / 1e6, fields), kept)
+
+
+def _blank(message: bytes) -> bool:
+    """Whether clean_records finds no record in a message that has no \\r, no colour and fits a record."""
+    first = message.lstrip()[:1]
+    if first and b"!" <= first <= b"~":
+        return False
+    return not clean_records(message)  # only whitespace, or a control or non-ASCII byte first: decide exactly
+
+
+# ---- the parent: plan, choose engines, run the slices ----
+
+
+def _plan(path: Path, silence: float, only: frozenset[str]) -> tuple[Plan, list[int]]:
+    """The plan, and the realtime bounds of the file's slices."""
+    reader = _open(path)
+    try:
+        owners = {}
+        for invocation in reader.query_unique("_SYSTEMD_INVOCATION_ID"):
+            reader.flush_matches()
+            reader.add_match(_SYSTEMD_INVOCATION_ID=invocation)
+            reader.seek_head()
+            if reader._next() and (unit := _raw(reader, "_SYSTEMD_UNIT")) and unit not in WHOLE:
+                owners[invocation.encode()] = unit
+        reader.flush_matches()
+        reader.seek_head()
+        first = reader._get_realtime() if reader._next() else 0
+        reader.seek_tail()
+        last = reader._get_realtime() if reader._previous() else 0
+    finally:
+        reader.close()
+    size = sum(p.stat().st_size for p in ([path] if path.is_file() else path.rglob("*.journal*")))
+    workers = len(os.sched_getaffinity(0)) if size >= PARALLEL_FROM else 1
+    count = workers * SLICES_PER_WORKER if workers > 1 else 1
+    bounds = [first + (last + 1 - first) * i // count for i in range(1, count)]
+    return Plan(path, owners, int(silence * 1e6), frozenset(u.encode() for u in only)), bounds
+
+
+def _raw(reader: journal.Reader, name: str) -> bytes | None:
+    try:
+        return reader._get(name)
+    except KeyError:
+        return None
+
+
+def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, int]]:
+    """Each unit's engine, chosen from its first SNIFF records as replay.Replay chooses it."""
+    loaded = [grammars.load(engine) for engine in grammars.ENGINES]
+    chosen = {}
+    reader = _open(path)
+    try:
+        for raw in sorted(units):
+            unit = raw.decode("utf-8", "replace")
+            reader.flush_matches()
+            reader.add_match(_SYSTEMD_UNIT=raw)
+            reader.seek_head()
+            records: list[str] = []
+            while len(records) < SNIFF and reader._next():
+                observed = to_observations(fields_of(reader), 0.0, frozenset({unit}))
+                records += [o.text for o in observed if isinstance(o, LogLine)]
+            chosen[unit] = choose_engine(records[:SNIFF], loaded)
+    finally:
+        reader.close()
+    return chosen
+
+
+def _quiet() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+
+
+def skim(path: Path, silence: float, only: frozenset[str] = frozenset(),
+         forced: str | None = None) -> tuple[dict[str, tuple[str, int]], Iterator[Entry]]:
+    """(the engine chosen for each unit read line by line, the entries worth folding, in order).
+
+    `silence`: seconds of quiet the fold records as a gap. OSError as `read_journal_file` raises it.
+    """
+    plan, bounds = _plan(path, silence, only)
+    chosen = {} if forced else choose_engines(path, frozenset(plan.owners.values()))
+    ranges = list(zip([None, *bounds], [*bounds, None]))
+    try:
+        if len(ranges) == 1:
+            slices = [read_slice(plan, None, None)]
+        else:
+            with ProcessPoolExecutor(min(len(ranges), len(os.sched_getaffinity(0))), get_context("fork"),
+                                     initializer=_quiet) as pool:
+                slices = list(pool.map(read_slice, [plan] * len(ranges), *zip(*ranges)))
+        joined = all(a.stop == b.start for a, b in zip(slices, slices[1:])) and slices[-1].stop is None
+        if not joined:
+            raise _Unreliable("slices do not join up: the clock went back")
+    except _Unreliable:
+        return chosen, read_journal_file(path)
+    return chosen, (entry for piece in slices for entry in piece.entries)
