@@ -8,8 +8,8 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from exporter import __version__
 from exporter.config import STATE_PATH, Config, parse_duration, parse_listen, parse_unit

@@ -6,9 +6,9 @@ import functools
 import math
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Mapping
 
 from exporter.model import Phase, Reason, frozen_map
 from exporter.screen import Screen

@@ -6,8 +6,9 @@ through `tracker.advance`, exactly as the agent folds the live journal, minus th
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from exporter import grammar as grammars
 from exporter.grammar import Grammar

@@ -14,9 +14,9 @@ checks it against every grammar's fixtures and against generated text.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from re import _constants as sre  # the parse tree's opcodes; public in all but name since Python 1.6
 from re import _parser as sre_parse
-from typing import Iterable, Sequence
 
 import re2
 

@@ -9,10 +9,10 @@ from re import _parser as sre_parse
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_grammars import ALL, GRAMMARS, _record
 
 from exporter import grammar
 from exporter.screen import Screen, required
-from test_grammars import ALL, GRAMMARS, _record
 
 PATTERNS = {engine: [r.pattern for r in g.rules] + list(g.settings) for engine, g in GRAMMARS.items()}
 

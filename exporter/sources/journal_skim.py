@@ -24,18 +24,19 @@ from __future__ import annotations
 import functools
 import os
 import signal
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from itertools import pairwise
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from systemd import journal
 
 from exporter import grammar as grammars
 from exporter.lines import MAX_RECORD, clean_records
 from exporter.model import LogLine
-from exporter.replay import SNIFF, choose_engine, unit_of
+from exporter.replay import SNIFF, choose_engine
 from exporter.screen import Screen
 from exporter.sources.journal import fields_of, to_observations
 from exporter.sources.journal_file import _failed, _open, read_journal_file
@@ -68,7 +69,7 @@ class Slice:
 class _Line:
     """A unit's last line in the slice, and whether its next line must be handed over."""
 
-    __slots__ = ("t", "invocation", "held", "wake")
+    __slots__ = ("held", "invocation", "t", "wake")
 
     def __init__(self, t: int, invocation: bytes) -> None:
         self.t, self.invocation = t, invocation
@@ -257,7 +258,7 @@ def skim(path: Path, silence: float, only: frozenset[str] = frozenset(),
             with ProcessPoolExecutor(min(len(ranges), len(os.sched_getaffinity(0))), get_context("fork"),
                                      initializer=_quiet) as pool:
                 slices = list(pool.map(read_slice, [plan] * len(ranges), *zip(*ranges)))
-        joined = all(a.stop == b.start for a, b in zip(slices, slices[1:])) and slices[-1].stop is None
+        joined = all(a.stop == b.start for a, b in pairwise(slices)) and slices[-1].stop is None
         if not joined:
             raise _Unreliable("slices do not join up: the clock went back")
     except _Unreliable:

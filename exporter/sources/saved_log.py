@@ -6,9 +6,10 @@ import io
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
 from exporter import formats
 from exporter.sources.journal_file import is_journal_file, read_journal_file
