@@ -73,6 +73,11 @@ class Grammar:
         """Which rules (indices 0…) and settings patterns (after them) might match a record's bytes."""
         return Screen([r.pattern for r in self.rules] + list(self.settings))
 
+    def message(self, record: str) -> str:
+        """The record after the engine's own prefix: what rules and settings patterns are searched in."""
+        head = self.prefix.match(record) if self.prefix else None
+        return head.group("msg") if head else record
+
     def might(self, record: str) -> tuple[int, ...]:
         # surrogatepass: a lone surrogate (never from the journal, which is decoded with "replace")
         # becomes non-ASCII bytes, which pass the screen, rather than an error
@@ -151,9 +156,7 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
     candidates = [i for i in grammar.might(record) if i < len(grammar.rules)]
     if not candidates:
         return None
-    message = record
-    if grammar.prefix and (head := grammar.prefix.match(record)):
-        message = head.group("msg")
+    message = grammar.message(record)
     for index in candidates:
         rule = grammar.rules[index]
         if settled and rule.reason is None and not rule.heartbeat:
@@ -180,9 +183,7 @@ def settings(grammar: Grammar, record: str) -> str | None:
     candidates = [i - first for i in grammar.might(record) if i >= first]
     if not candidates:
         return None
-    message = record
-    if grammar.prefix and (head := grammar.prefix.match(record)):
-        message = head.group("msg")
+    message = grammar.message(record)
     for index in candidates:
         if found := grammar.settings[index].search(message):
             return found.group(0)[:4096]

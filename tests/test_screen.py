@@ -126,13 +126,9 @@ def test_text_a_regex_matches_always_passes_its_screen(drawn):
 def test_match_with_and_without_the_screen_agree(text):
     """grammar.match through the screen gives what trying every rule in order gives."""
     for g in GRAMMARS.values():
-        slow = next((rule for rule in g.rules if rule.pattern.search(_message(g, text))), None)
+        slow = next((rule for rule in g.rules if rule.pattern.search(g.message(text))), None)
         fast = grammar.match(g, text)
         assert (fast is None) == (slow is None)
         if fast is not None and slow is not None:
             assert (fast.phase, fast.reason) == (slow.phase, slow.reason)
 
-
-def _message(g: grammar.Grammar, record: str) -> str:
-    head = g.prefix.match(record) if g.prefix else None
-    return head.group("msg") if head else record
