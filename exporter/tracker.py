@@ -5,7 +5,6 @@ Never reads a clock, logs, or touches the host: `serve`, `status`, `wait` and `r
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Mapping, TypeVar
 
 from exporter import grammar as grammars
@@ -31,6 +30,7 @@ from exporter.model import (
     Suppressed,
     UnitState,
     Verdict,
+    evolve,
     frozen_map,
 )
 
@@ -49,7 +49,7 @@ def _observe(hists: Mapping[K, Histogram], key: K, value: float) -> Mapping[K, H
 
 
 def _moved(state: UnitState, signal: Signal, t: float) -> UnitState:
-    return replace(state, moved=frozen_map({**state.moved, signal: t}))
+    return evolve(state, moved=frozen_map({**state.moved, signal: t}))
 
 
 def _live(state: UnitState) -> Attempt | None:
@@ -63,7 +63,7 @@ def _live(state: UnitState) -> Attempt | None:
 def _begin(state: UnitState, t: float, invocation: str) -> UnitState:
     state = _end(state, t) if _live(state) else state
     attempt = Attempt(started=t, invocation=invocation).at(Phase.LAUNCHING, t)
-    return replace(state, attempt=attempt, previous=state.attempt, values=frozen_map())
+    return evolve(state, attempt=attempt, previous=state.attempt, values=frozen_map())
 
 
 def _enter(state: UnitState, phase: Phase, t: float) -> UnitState:
@@ -73,31 +73,31 @@ def _enter(state: UnitState, phase: Phase, t: float) -> UnitState:
     t = max(t, attempt.phase_since)  # a back-dated \r bar cannot start before the phase it ends
     left, took = attempt.phase, t - attempt.phase_since
     if left in STARTUP_ORDER and left is not Phase.READY:
-        state = replace(
+        state = evolve(
             state,
             phase_durations=_observe(state.phase_durations, left, took),
             last_phase_durations=frozen_map({**state.last_phase_durations, left: took}),
         )
     attempt = attempt.at(phase, t)
     if phase is Phase.READY:  # causes seen on the way no longer explain a later exit
-        state, attempt = _settle(state, replace(attempt, ready_at=t, reason=None), Outcome.READY, t)
-    return replace(state, attempt=attempt)
+        state, attempt = _settle(state, evolve(attempt, ready_at=t, reason=None), Outcome.READY, t)
+    return evolve(state, attempt=attempt)
 
 
 def _settle(state: UnitState, attempt: Attempt, outcome: Outcome, t: float) -> tuple[UnitState, Attempt]:
     """How the start ended, counted once: startups_total and startup_duration_seconds."""
-    state = replace(
+    state = evolve(
         state,
         startups=_bump(state.startups, outcome),
         startup_durations=_observe(state.startup_durations, outcome, t - attempt.started),
     )
-    return state, replace(attempt, outcome=outcome)
+    return state, evolve(attempt, outcome=outcome)
 
 
 def _cause(attempt: Attempt, reason: Reason) -> Attempt:
     """Remember why the attempt is failing; the first specific root cause wins over generic ones."""
     if attempt.reason is None or (attempt.reason in GENERIC_REASONS and reason not in GENERIC_REASONS):
-        return replace(attempt, reason=reason)
+        return evolve(attempt, reason=reason)
     return attempt
 
 
@@ -108,10 +108,10 @@ def _fail(state: UnitState, t: float, reason: Reason) -> UnitState:
         return state
     attempt = _cause(attempt, reason)
     assert attempt.reason is not None
-    state = replace(state, failures=_bump(state.failures, (attempt.phase, attempt.reason)))
+    state = evolve(state, failures=_bump(state.failures, (attempt.phase, attempt.reason)))
     if attempt.outcome is None:
         state, attempt = _settle(state, attempt, Outcome.FAILED, t)
-    return replace(state, attempt=attempt.at(Phase.FAILED, t))
+    return evolve(state, attempt=attempt.at(Phase.FAILED, t))
 
 
 def _stop(state: UnitState, t: float) -> UnitState:
@@ -119,7 +119,7 @@ def _stop(state: UnitState, t: float) -> UnitState:
     assert attempt is not None
     if attempt.outcome is None:
         state, attempt = _settle(state, attempt, Outcome.STOPPED, t)
-    return replace(state, attempt=attempt.at(Phase.STOPPING, t))
+    return evolve(state, attempt=attempt.at(Phase.STOPPING, t))
 
 
 def _end(state: UnitState, t: float, reason: Reason | None = None) -> UnitState:
@@ -133,7 +133,7 @@ def _end(state: UnitState, t: float, reason: Reason | None = None) -> UnitState:
     attempt = state.attempt
     assert attempt is not None
     phase = Phase.FAILED if attempt.phase is Phase.FAILED else Phase.INACTIVE
-    return replace(state, attempt=replace(attempt.at(phase, t), ended=t))
+    return evolve(state, attempt=evolve(attempt.at(phase, t), ended=t))
 
 
 # ---- observations ----
@@ -147,7 +147,7 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
     found = grammars.match(grammar, line.text, settled=live is not None and live.phase in SETTLED)
     if found is None or not found.heartbeat:  # a heartbeat line says nothing about progress
         state = _silence_ends(state, line.t, limits)
-        state = replace(  # one replace: this runs for every line a unit prints
+        state = evolve(  # one copy: this runs for every line a unit prints
             state,
             last_log=line.t,
             gpu_at_last_log=state.gpu_memory,
@@ -164,26 +164,27 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
     elif line.invocation and attempt.invocation and line.invocation != attempt.invocation:
         state = _begin(state, line.t, line.invocation)  # systemd started the unit again
     elif line.invocation and not attempt.invocation:
-        state = replace(state, attempt=replace(attempt, invocation=line.invocation))
+        state = evolve(state, attempt=evolve(attempt, invocation=line.invocation))
 
     live = _live(state)
     if live and not live.settings and grammar.settings and (said := grammars.settings(grammar, line.text)):
-        state = replace(state, attempt=replace(live, settings=said))
+        state = evolve(state, attempt=evolve(live, settings=said))
     if found is None:
         return state
     if found.cache and live and live.compile_cache != "cold":  # one miss makes the compile cold
-        state = replace(state, attempt=replace(state.attempt, compile_cache=found.cache))
-    state = replace(
-        state,
-        info=frozen_map({**state.info, **found.info}),
-        values=frozen_map({**state.values, **found.values}),
-    )
+        state = evolve(state, attempt=evolve(state.attempt, compile_cache=found.cache))
+    if found.info or found.values:  # most markers carry neither: no copy of the state for them
+        state = evolve(
+            state,
+            info=frozen_map({**state.info, **found.info}),
+            values=frozen_map({**state.values, **found.values}),
+        )
     attempt = state.attempt
     assert attempt is not None
     if found.reason is not None:
         if found.fatal:
             return _fail(state, line.t, found.reason)
-        state = replace(state, attempt=_cause(attempt, found.reason))
+        state = evolve(state, attempt=_cause(attempt, found.reason))
     if found.phase is not None and _forward(attempt.phase, found.phase):
         state = _enter(state, found.phase, line.t)
     return state
@@ -194,7 +195,7 @@ def _silence_ends(state: UnitState, t: float, limits: Limits) -> UnitState:
     live, last = _live(state), state.last_log
     if live is None or last is None or last < live.started or t - last < limits.silence:
         return state
-    return replace(state, attempt=replace(live, gaps=(*live.gaps, (last, t, live.phase))))
+    return evolve(state, attempt=evolve(live, gaps=(*live.gaps, (last, t, live.phase))))
 
 
 def _forward(current: Phase, new: Phase) -> bool:
@@ -230,7 +231,7 @@ def _lifecycle(state: UnitState, event: Lifecycle) -> UnitState:
     if event.event is Event.STOPPING:
         return _stop(state, event.t)
     if event.event is Event.OOM_KILLED:
-        return replace(state, attempt=_cause(live, Reason.HOST_OOM_KILLED))
+        return evolve(state, attempt=_cause(live, Reason.HOST_OOM_KILLED))
     if event.event is Event.EXITED:
         reason = _exit_reason(event.detail)
         if reason is None and live.phase is not Phase.STOPPING and live.outcome is None:
@@ -253,7 +254,7 @@ def _processes(state: UnitState, sample: ProcessSample, limits: Limits) -> UnitS
     cpu = _delta(sample.cpu_seconds, before.cpu_seconds) if before else 0.0
     read = int(_delta(sample.read_bytes, before.read_bytes)) if before else 0
     written = int(_delta(sample.written_bytes, before.written_bytes)) if before else 0
-    state = replace(
+    state = evolve(
         state,
         last_process=sample,
         watched_since=state.watched_since if state.watched_since is not None else sample.t,
@@ -263,7 +264,7 @@ def _processes(state: UnitState, sample: ProcessSample, limits: Limits) -> UnitS
     )
     if before is not None:
         elapsed = max(sample.t - before.t, 1e-9)
-        state = replace(state, cpu_rate=cpu / elapsed, io_rate=(read + written) / elapsed)
+        state = evolve(state, cpu_rate=cpu / elapsed, io_rate=(read + written) / elapsed)
         if cpu / elapsed >= limits.cpu_floor:
             state = _moved(state, Signal.CPU, sample.t)
         if read + written >= limits.io_floor:
@@ -297,9 +298,9 @@ def _replaced(before: ProcessSample, sample: ProcessSample, live: Attempt) -> bo
 
 def _gpu(state: UnitState, sample: GpuSample, limits: Limits) -> UnitState:
     before = state.last_gpu
-    state = replace(state, last_gpu=sample)
+    state = evolve(state, last_gpu=sample)
     if state.gpu_at_last_log is None:
-        state = replace(state, gpu_at_last_log=state.gpu_memory)
+        state = evolve(state, gpu_at_last_log=state.gpu_memory)
     if before is None:
         return state
     for gpu in sample.memory.keys() | before.memory.keys():
@@ -319,11 +320,11 @@ def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits
         return _processes(state, obs, limits)
     if isinstance(obs, Fault):
         live = _live(state)
-        return replace(state, attempt=_cause(live, obs.reason)) if live else state
+        return evolve(state, attempt=_cause(live, obs.reason)) if live else state
     if isinstance(obs, Resumed):
         return _resumed(state, obs)
     if isinstance(obs, Suppressed):  # the unit printed, even if journald kept none of it
-        state = replace(state, suppressed_total=state.suppressed_total + obs.count, last_log=obs.t)
+        state = evolve(state, suppressed_total=state.suppressed_total + obs.count, last_log=obs.t)
         return _moved(state, Signal.LOG, obs.t)
     return _gpu(state, obs, limits)
 
@@ -337,7 +338,7 @@ def _resumed(state: UnitState, resumed: Resumed) -> UnitState:
     if not same:
         return state
     moved = {**resumed.moved, **{s: t for s, t in state.moved.items() if t > resumed.moved.get(s, -1.0)}}
-    return replace(state, watched_since=resumed.watched_since, moved=frozen_map(moved), last_process=resumed.sample)
+    return evolve(state, watched_since=resumed.watched_since, moved=frozen_map(moved), last_process=resumed.sample)
 
 
 def judge(state: UnitState, now: float, limits: Limits, ceiling: float | None = None) -> Verdict:
