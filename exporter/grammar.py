@@ -130,6 +130,7 @@ def _cache(value: object) -> str | None:
     return str(value) if value else None
 
 
+@functools.cache  # a Grammar is immutable; its screen is built once, for every reader of it
 def load(engine: str) -> Grammar:
     """The grammar shipped in exporter/grammars/<engine>.toml."""
     try:
