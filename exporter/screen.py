@@ -14,7 +14,9 @@ checks it against every grammar's fixtures and against generated text.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from itertools import accumulate
 from re import _constants as sre  # the parse tree's opcodes; public in all but name since Python 1.6
 from re import _parser as sre_parse
 
@@ -101,11 +103,13 @@ class Screen:
         options = re2.Options()
         options.encoding = re2.Options.Encoding.LATIN1  # a byte is a character: any bytes can be screened
         self._set = re2.Set.SearchSet(options)
-        self._set.Add(unsafe or b"[^\\x00-\\xff]")  # entry 0; a class no byte is in, when nothing is unsafe
-        self.everything = tuple(range(len(patterns)))
-        for found in literals:
-            self._set.Add(_re2(found) if found else b"(?:)")  # (?:) matches anywhere: always a candidate
+        # entry 0; a class no byte is in, when nothing is unsafe; (?:) matches anywhere: always a candidate
+        alternatives = [unsafe or b"[^\\x00-\\xff]"] + [_re2(found) if found else b"(?:)" for found in literals]
+        for alternative in alternatives:
+            self._set.Add(alternative)
         self._set.Compile()
+        self._any = re2.compile(b"|".join(alternatives), options)
+        self.everything = tuple(range(len(patterns)))
         self.unscreened = tuple(i for i, found in enumerate(literals) if found is None)
 
     def might(self, data: bytes) -> tuple[int, ...]:
@@ -120,3 +124,22 @@ class Screen:
     def passes(self, data: bytes) -> bool:
         """Whether any pattern might match `data`."""
         return self._set.Match(data) is not None
+
+    def passing(self, texts: Sequence[bytes]) -> set[int]:
+        """The indices of the texts any pattern might match: one scan of them all, where `passes`
+        costs a call per text. They are joined with NULs, which no literal of a grammar holds (a
+        literal that did would only make a text pass needlessly); after a text passes, the scan
+        goes on from the next one's start."""
+        together = b"\0".join(texts)
+        found = self._any.search(together)
+        if found is None:  # what a batch of serving lines comes to
+            return set()
+        starts = list(accumulate((len(text) + 1 for text in texts[:-1]), initial=0))
+        out = set()
+        while found is not None:
+            at = bisect_right(starts, found.start()) - 1
+            out.add(at)
+            if at + 1 == len(starts):
+                break
+            found = self._any.search(together, starts[at + 1])
+        return out

@@ -132,3 +132,21 @@ def test_match_with_and_without_the_screen_agree(text):
         if fast is not None and slow is not None:
             assert (fast.phase, fast.reason) == (slow.phase, slow.reason)
 
+
+
+UNION = Screen([p for patterns in PATTERNS.values() for p in patterns], raw=True)  # the skim's screen
+
+
+@settings(max_examples=300, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.lists(matching_text().map(lambda drawn: drawn[2]) | st.text(alphabet=PLAIN, max_size=80)
+                | st.sampled_from(["", "\r", "a\x00b", "é"]), max_size=40))
+def test_a_batch_passes_what_each_of_its_texts_passes(texts):
+    """Screening texts together (journal_skim's batches) passes exactly the texts that pass alone."""
+    raw = [text.encode("utf-8", "surrogatepass") for text in texts]
+    assert UNION.passing(raw) == {at for at, data in enumerate(raw) if UNION.passes(data)}
+
+
+def test_a_batch_with_nothing_to_find():
+    serving = [b'INFO:     10.0.3.4:41000 - "POST /v1/chat/completions HTTP/1.1" 200 OK'] * 256
+    assert UNION.passing(serving) == set()
+    assert UNION.passing([*serving, b"x\rCapturing CUDA graphs: 100%"]) == {256}

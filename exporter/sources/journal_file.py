@@ -64,8 +64,9 @@ def _open(path: Path) -> journal.Reader:
         raise _failed(path, err) from err
 
 
-def read_journal_file(path: Path) -> Iterator[tuple[float, dict[str, bytes]]]:
-    """Every entry of a journal file or directory, all boots, in journal order.
+def read_journal_file(path: Path, start: str | None = None) -> Iterator[tuple[float, dict[str, bytes]]]:
+    """Every entry of a journal file or directory, all boots, in journal order; from the entry at
+    cursor `start` on when given.
 
     Yields (realtime seconds since the epoch, fields): the fields in `exporter.formats.FIELDS` that
     the entry has, as raw bytes. OSError with the path and the reason when the journal cannot be
@@ -74,6 +75,8 @@ def read_journal_file(path: Path) -> Iterator[tuple[float, dict[str, bytes]]]:
     path = Path(os.fspath(path))
     reader = _open(path)
     try:
+        if start is not None:
+            reader.seek_cursor(start)  # the next entry read is the one at the cursor
         count = 0
         while True:
             try:

@@ -14,9 +14,10 @@ each slice reader hands over:
 and drops the rest. Replay then folds what is handed over exactly as it folds the whole journal;
 tests/test_journal_skim.py checks that the two give the same documents.
 
-The slices are realtime ranges read by a pool of forked processes. Each says on which entry it
-began and on which it stopped; when these do not join up (a clock that went back), the whole file
-is read in order instead.
+The slices are realtime ranges read by a pool of forked processes, while the parent folds those
+already read. Each says on which entry it began and on which it stopped; from the first that does
+not begin where the one before it stopped (a clock that went back), the rest of the file is read
+whole and in order instead.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import functools
 import os
 import signal
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import pairwise
 from multiprocessing import get_context
@@ -36,7 +37,7 @@ from systemd import journal
 from exporter import grammar as grammars
 from exporter.lines import MAX_RECORD, clean_records
 from exporter.model import LogLine
-from exporter.replay import SNIFF, choose_engine
+from exporter.replay import SNIFF, choose_engine, unit_of
 from exporter.screen import Screen
 from exporter.sources.journal import fields_of, to_observations
 from exporter.sources.journal_file import _failed, _open, read_journal_file
@@ -45,7 +46,7 @@ Entry = tuple[float, dict[str, bytes]]
 # Units whose entries are not all their own lines: PID 1 (init.scope) speaks of other units, and
 # journald's include its notices. Their entries are handed over whole.
 WHOLE = frozenset({b"init.scope", b"systemd-journald.service"})
-SLICES_PER_WORKER = 2  # short slices even out the work between workers
+SLICES_PER_WORKER = 4  # short slices even out the work, and the fold of the last one is short
 PARALLEL_FROM = 16 * 2**20  # bytes of journal: below, forking costs more than it saves
 
 
@@ -69,12 +70,17 @@ class Slice:
 class _Line:
     """A unit's last line in the slice, and whether its next line must be handed over."""
 
-    __slots__ = ("held", "invocation", "t", "wake")
+    __slots__ = ("held", "invocation", "t", "unit", "wake")
 
-    def __init__(self, t: int, invocation: bytes) -> None:
-        self.t, self.invocation = t, invocation
-        self.held: Entry | None = None  # its last line, dropped unless the next one is handed over
+    def __init__(self, unit: bytes, t: int, invocation: bytes) -> None:
+        self.unit, self.t, self.invocation = unit, t, invocation
+        self.held: Candidate | None = None  # its last line, dropped unless the next one is handed over
         self.wake = False  # PID 1 spoke of the unit since: what the fold compares a line with changed
+
+
+# A line no rule but the screen's could keep: its unit's _Line, realtime µs, invocation, MESSAGE.
+Candidate = tuple[_Line, int, bytes, bytes]
+BATCH = 256  # candidates screened at once: one scan of them all instead of a call each
 
 
 class _Unreliable(Exception):
@@ -110,11 +116,11 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
     out = Slice()
     kept = out.entries
     units: dict[bytes, _Line] = {}
-    owners, only, silence = plan.owners, plan.only, plan.silence
-    passes = _screen().passes
-    next_, get, realtime = reader._next, reader._get, reader._get_realtime
+    pending: list[Candidate] = []  # screened a batch at a time: see _settle
+    owners, only, silence, longest = plan.owners, plan.only, plan.silence, MAX_RECORD
+    next_, get, realtime, hold = reader._next, reader._get, reader._get_realtime, pending.append
 
-    while next_():
+    while next_():  # every entry of the file passes here: the cheap tests come first
         t = realtime()
         if out.start is None:
             out.start = reader._get_cursor()
@@ -125,6 +131,7 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
             invocation = get("_SYSTEMD_INVOCATION_ID")
             unit = owners[invocation]
         except KeyError:  # PID 1, journald, the kernel, a line without an invocation id
+            _settle(pending, kept)
             _whole(reader, t, units, kept)
             continue
         if only and unit not in only:
@@ -135,7 +142,8 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
             continue
         line = units.get(unit)
         if (line is None or line.wake or invocation != line.invocation or t - line.t >= silence
-                or len(message) > MAX_RECORD or passes(message)):
+                or len(message) > longest):
+            _settle(pending, kept)
             fields = fields_of(reader)
             if fields.get("_SYSTEMD_UNIT") != unit:
                 raise _Unreliable(f"invocation {invocation!r} is not only {unit!r}'s")
@@ -143,21 +151,45 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
             if not clean_records(message):  # no record, no line: the fold sees nothing
                 continue
             if line is None:
-                line = units[unit] = _Line(t, invocation)
-            line.wake = False
-        elif _blank(message):
+                line = units[unit] = _Line(unit, t, invocation)
+            line.t, line.invocation, line.wake = t, invocation, False
+        elif not b"!" <= message[:1] <= b"~" and _blank(message):  # a printable first byte: a record
             continue
-        else:
-            line.held = (t / 1e6, {"_SYSTEMD_UNIT": unit, "MESSAGE": message, "_SYSTEMD_INVOCATION_ID": invocation})
-        line.t, line.invocation = t, invocation
-    kept += [line.held for line in units.values() if line.held is not None]
+        else:  # the same invocation as the line before: only the time moves
+            hold((line, t, invocation, message))
+            line.t = t
+            if len(pending) == BATCH:
+                _settle(pending, kept)
+    _settle(pending, kept)
+    kept += [_entry(line.held) for line in units.values() if line.held is not None]
     return out
+
+
+def _settle(pending: list[Candidate], kept: list[Entry]) -> None:
+    """Screen the candidates (exporter.screen, on the raw bytes): hand over those that might match a
+    rule of any engine, each after its unit's line held before it; the rest are held in turn.
+    Done before anything else is handed over, so that what is handed over stays in order."""
+    if not pending:
+        return
+    passing = _screen().passing([message for *_, message in pending])
+    for at, candidate in enumerate(pending):
+        line = candidate[0]
+        if at in passing:
+            _hand_over(line, _entry(candidate), kept)
+        else:
+            line.held = candidate
+    pending.clear()
+
+
+def _entry(candidate: Candidate) -> Entry:
+    line, t, invocation, message = candidate
+    return t / 1e6, {"_SYSTEMD_UNIT": line.unit, "MESSAGE": message, "_SYSTEMD_INVOCATION_ID": invocation}
 
 
 def _hand_over(line: _Line | None, entry: Entry, kept: list[Entry]) -> None:
     """Hand over an entry, after the line held before it: the fold sees when the unit last spoke."""
     if line is not None and line.held is not None:
-        kept.append(line.held)
+        kept.append(_entry(line.held))
         line.held = None
     kept.append(entry)
 
@@ -175,9 +207,10 @@ def _whole(reader: journal.Reader, t: int, units: dict[bytes, _Line], kept: list
 
 
 def _blank(message: bytes) -> bool:
-    """Whether clean_records finds no record in a message that has no \\r, no colour and fits a record."""
+    """Whether clean_records finds no record in a message that fits a record (colour codes start
+    with ESC and a \\r split leaves the first part whole, so a printable first byte is a record)."""
     first = message.lstrip()[:1]
-    if first and b"!" <= first <= b"~":
+    if b"!" <= first <= b"~":
         return False
     return not clean_records(message)  # only whitespace, or a control or non-ASCII byte first: decide exactly
 
@@ -230,8 +263,9 @@ def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, 
             reader.seek_head()
             records: list[str] = []
             while len(records) < SNIFF and reader._next():
-                observed = to_observations(fields_of(reader), 0.0, frozenset({unit}))
-                records += [o.text for o in observed if isinstance(o, LogLine)]
+                fields = fields_of(reader)
+                if unit_of(fields, "") == unit:  # not PID 1's, which is about units, nor the kernel's
+                    records += [o.text for o in to_observations(fields, 0.0, frozenset({unit})) if isinstance(o, LogLine)]
             chosen[unit] = choose_engine(records[:SNIFF], loaded)
     finally:
         reader.close()
@@ -246,21 +280,52 @@ def skim(path: Path, silence: float, only: frozenset[str] = frozenset(),
          forced: str | None = None) -> tuple[dict[str, tuple[str, int]], Iterator[Entry]]:
     """(the engine chosen for each unit read line by line, the entries worth folding, in order).
 
-    `silence`: seconds of quiet the fold records as a gap. OSError as `read_journal_file` raises it.
+    The entries come as the slices are read: the caller folds the first while the pool reads the
+    rest. `silence`: seconds of quiet the fold records as a gap. OSError as `read_journal_file`
+    raises it.
     """
     plan, bounds = _plan(path, silence, only)
-    chosen = {} if forced else choose_engines(path, frozenset(plan.owners.values()))
+    units = frozenset(plan.owners.values())
     ranges = list(zip([None, *bounds], [*bounds, None]))
+    if len(ranges) == 1:
+        chosen = {} if forced else choose_engines(path, units)
+        return chosen, _in_order(path, (read_slice(plan, since, until) for since, until in ranges))
+    _screen()  # built before the fork: every worker inherits it
+    pool = ProcessPoolExecutor(min(len(ranges), len(os.sched_getaffinity(0))), get_context("fork"),
+                               initializer=_quiet)
     try:
-        if len(ranges) == 1:
-            slices = [read_slice(plan, None, None)]
-        else:
-            with ProcessPoolExecutor(min(len(ranges), len(os.sched_getaffinity(0))), get_context("fork"),
-                                     initializer=_quiet) as pool:
-                slices = list(pool.map(read_slice, [plan] * len(ranges), *zip(*ranges)))
-        joined = all(a.stop == b.start for a, b in pairwise(slices)) and slices[-1].stop is None
-        if not joined:
-            raise _Unreliable("slices do not join up: the clock went back")
+        engines = None if forced else pool.submit(choose_engines, path, units)  # first: the fold waits for it
+        pieces = [pool.submit(read_slice, plan, since, until) for since, until in ranges]
+        chosen = engines.result() if engines else {}
+    except BaseException:
+        pool.shutdown(cancel_futures=True)
+        raise
+    return chosen, _in_order(path, _finished(pool, pieces))
+
+
+def _finished(pool: ProcessPoolExecutor, pieces: list[Future[Slice]]) -> Iterator[Slice]:
+    """Each slice once it is read, in order; the pool is shut down when the caller is done."""
+    try:
+        for piece in pieces:
+            yield piece.result()
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def _in_order(path: Path, slices: Iterator[Slice]) -> Iterator[Entry]:
+    """The slices' entries, while each slice starts where the one before it stopped; from the first
+    that does not (a clock that went back), or that cannot vouch for its lines' units, the rest of
+    the file is read whole and in order."""
+    last: Slice | None = None
+    try:
+        for piece in slices:
+            if last is not None and piece.start != last.stop:
+                break
+            yield from piece.entries
+            last = piece
     except _Unreliable:
-        return chosen, read_journal_file(path)
-    return chosen, (entry for piece in slices for entry in piece.entries)
+        pass
+    if last is None:
+        yield from read_journal_file(path)
+    elif last.stop is not None:  # None: the last slice read to the end of the file
+        yield from read_journal_file(path, last.stop)
