@@ -13,6 +13,7 @@ checks it against every grammar's fixtures and against generated text.
 
 from __future__ import annotations
 
+import functools
 import re
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
@@ -33,6 +34,7 @@ NON_ASCII = rb"[\x80-\xff]"
 RAW = rb"[\x1b\r]"
 
 
+@functools.cache  # an engine's screen and the skim's, of every engine, read the same patterns
 def required(pattern: re.Pattern[str]) -> frozenset[Literal] | None:
     """Literals one of which every text the pattern matches contains; None when there is none."""
     tree = sre_parse.parse(pattern.pattern, pattern.flags)
