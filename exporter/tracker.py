@@ -5,7 +5,8 @@ Never reads a clock, logs, or touches the host: `serve`, `status`, `wait` and `r
 
 from __future__ import annotations
 
-from typing import Mapping, TypeVar
+from collections.abc import Mapping
+from typing import TypeVar
 
 from exporter import grammar as grammars
 from exporter.grammar import Grammar

@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from systemd import journal
 

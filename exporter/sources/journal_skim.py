@@ -25,10 +25,9 @@ from __future__ import annotations
 import functools
 import os
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from itertools import pairwise
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -84,7 +83,7 @@ BATCH = 256  # candidates screened at once: one scan of them all instead of a ca
 
 
 class _Unreliable(Exception):
-    """The file breaks an assumption the skim rests on: read it in order instead."""
+    """The file breaks an assumption the skim rests on: read the rest of it in order instead."""
 
 
 @functools.cache
@@ -265,7 +264,8 @@ def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, 
             while len(records) < SNIFF and reader._next():
                 fields = fields_of(reader)
                 if unit_of(fields, "") == unit:  # not PID 1's, which is about units, nor the kernel's
-                    records += [o.text for o in to_observations(fields, 0.0, frozenset({unit})) if isinstance(o, LogLine)]
+                    observed = to_observations(fields, 0.0, frozenset({unit}))
+                    records += [o.text for o in observed if isinstance(o, LogLine)]
             chosen[unit] = choose_engine(records[:SNIFF], loaded)
     finally:
         reader.close()
@@ -303,7 +303,7 @@ def skim(path: Path, silence: float, only: frozenset[str] = frozenset(),
     return chosen, _in_order(path, _finished(pool, pieces))
 
 
-def _finished(pool: ProcessPoolExecutor, pieces: list[Future[Slice]]) -> Iterator[Slice]:
+def _finished(pool: ProcessPoolExecutor, pieces: list[Future[Slice]]) -> Generator[Slice, None, None]:
     """Each slice once it is read, in order; the pool is shut down when the caller is done."""
     try:
         for piece in pieces:
@@ -312,7 +312,7 @@ def _finished(pool: ProcessPoolExecutor, pieces: list[Future[Slice]]) -> Iterato
         pool.shutdown(cancel_futures=True)
 
 
-def _in_order(path: Path, slices: Iterator[Slice]) -> Iterator[Entry]:
+def _in_order(path: Path, slices: Generator[Slice, None, None]) -> Iterator[Entry]:
     """The slices' entries, while each slice starts where the one before it stopped; from the first
     that does not (a clock that went back), or that cannot vouch for its lines' units, the rest of
     the file is read whole and in order."""
@@ -325,6 +325,7 @@ def _in_order(path: Path, slices: Iterator[Slice]) -> Iterator[Entry]:
             last = piece
     except _Unreliable:
         pass
+    slices.close()  # the slices still being read are no use now
     if last is None:
         yield from read_journal_file(path)
     elif last.stop is not None:  # None: the last slice read to the end of the file
