@@ -63,11 +63,10 @@ def choose_engine(records: Iterable[str], candidates: Iterable[Grammar]) -> tupl
     """The engine whose phase markers match most of these records, and how many did."""
     best, best_score = "generic", 0
     records = list(records)
-    together = "\n".join(records)  # screened at once: an engine no rule of which might match any of them scores 0
+    raw = [record.encode("utf-8", "surrogatepass") for record in records]
     for grammar in candidates:
-        if not grammar.might(together):
-            continue
-        score = sum(1 for r in records if (m := grammars.match(grammar, r)) and m.phase is not None)
+        maybe = grammar.screen.passing(raw)  # one scan of them all rules out most records at once
+        score = sum(1 for at in maybe if (m := grammars.match(grammar, records[at])) and m.phase is not None)
         if score > best_score:
             best, best_score = grammar.engine, score
     return best, best_score

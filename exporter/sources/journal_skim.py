@@ -71,8 +71,10 @@ class _Line:
 
     __slots__ = ("held", "invocation", "t", "unit", "wake")
 
-    def __init__(self, unit: bytes, t: int, invocation: bytes) -> None:
-        self.unit, self.t, self.invocation = unit, t, invocation
+    def __init__(self, unit: bytes) -> None:
+        self.unit = unit
+        self.t: int | None = None  # None: no line of the unit in the slice yet
+        self.invocation = b""
         self.held: Candidate | None = None  # its last line, dropped unless the next one is handed over
         self.wake = False  # PID 1 spoke of the unit since: what the fold compares a line with changed
 
@@ -114,50 +116,49 @@ END = 2**64  # past any realtime
 def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
     out = Slice()
     kept = out.entries
-    units: dict[bytes, _Line] = {}
+    units = {unit: _Line(unit) for unit in set(plan.owners.values()) if not plan.only or unit in plan.only}
+    lines = {invocation: units[unit] for invocation, unit in plan.owners.items() if unit in units}
     pending: list[Candidate] = []  # screened a batch at a time: see _settle
-    owners, only, silence, longest = plan.owners, plan.only, plan.silence, MAX_RECORD
+    owners, silence, longest, batch = plan.owners, plan.silence, MAX_RECORD, BATCH
     next_, get, realtime, hold = reader._next, reader._get, reader._get_realtime, pending.append
+    start = None
 
-    while next_():  # every entry of the file passes here: the cheap tests come first
+    while next_():  # every entry of the file passes here: one lookup, then the cheap tests first
         t = realtime()
-        if out.start is None:
-            out.start = reader._get_cursor()
+        if start is None:
+            start = out.start = reader._get_cursor()
         if t >= until:
             out.stop = reader._get_cursor()
             break
         try:
             invocation = get("_SYSTEMD_INVOCATION_ID")
-            unit = owners[invocation]
         except KeyError:  # PID 1, journald, the kernel, a line without an invocation id
-            _settle(pending, kept)
-            _whole(reader, t, units, kept)
-            continue
-        if only and unit not in only:
-            continue
+            invocation = None
+        line = lines.get(invocation)
+        if line is None:
+            if invocation not in owners:  # not one of the units read line by line
+                _settle(pending, kept)
+                _whole(reader, t, units, kept)
+            continue  # else a unit not asked for
         try:
             message = get("MESSAGE")
         except KeyError:  # no MESSAGE, no line
             continue
-        line = units.get(unit)
-        if (line is None or line.wake or invocation != line.invocation or t - line.t >= silence
+        if (line.t is None or line.wake or invocation != line.invocation or t - line.t >= silence
                 or len(message) > longest):
             _settle(pending, kept)
             fields = fields_of(reader)
-            if fields.get("_SYSTEMD_UNIT") != unit:
-                raise _Unreliable(f"invocation {invocation!r} is not only {unit!r}'s")
+            if fields.get("_SYSTEMD_UNIT") != line.unit:
+                raise _Unreliable(f"invocation {invocation!r} is not only {line.unit!r}'s")
             _hand_over(line, (t / 1e6, fields), kept)
-            if not clean_records(message):  # no record, no line: the fold sees nothing
-                continue
-            if line is None:
-                line = units[unit] = _Line(unit, t, invocation)
-            line.t, line.invocation, line.wake = t, invocation, False
+            if clean_records(message):  # no record, no line: the fold sees nothing
+                line.t, line.invocation, line.wake = t, invocation, False
         elif not b"!" <= message[:1] <= b"~" and _blank(message):  # a printable first byte: a record
             continue
         else:  # the same invocation as the line before: only the time moves
             hold((line, t, invocation, message))
             line.t = t
-            if len(pending) == BATCH:
+            if len(pending) == batch:
                 _settle(pending, kept)
     _settle(pending, kept)
     kept += [_entry(line.held) for line in units.values() if line.held is not None]
