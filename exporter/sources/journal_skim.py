@@ -171,7 +171,7 @@ def _settle(pending: list[Candidate], kept: list[Entry]) -> None:
     Done before anything else is handed over, so that what is handed over stays in order."""
     if not pending:
         return
-    passing = _screen().passing([message for *_, message in pending])
+    passing = _screen().passing([candidate[3] for candidate in pending])  # their MESSAGEs
     for at, candidate in enumerate(pending):
         line = candidate[0]
         if at in passing:
@@ -196,9 +196,9 @@ def _hand_over(line: _Line | None, entry: Entry, kept: list[Entry]) -> None:
 
 def _whole(reader: journal.Reader, t: int, units: dict[bytes, _Line], kept: list[Entry]) -> None:
     """Hand over an entry the skim cannot vouch for; its unit's next line is handed over too."""
+    if _raw(reader, "_TRANSPORT") == b"kernel":  # before reading it all: a GPU host's kernel says a lot
+        return  # and replay has no use for it
     fields = fields_of(reader)
-    if fields.get("_TRANSPORT") == b"kernel":
-        return  # replay has no use for the kernel's
     subject = fields.get("UNIT") if fields.get("_PID") == b"1" else fields.get("_SYSTEMD_UNIT")
     line = units.get(subject) if isinstance(subject, bytes) else None
     if line is not None:
