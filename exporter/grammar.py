@@ -69,6 +69,12 @@ class Grammar:
     settings: tuple[re.Pattern[str], ...] = ()  # the line(s) where the engine prints its settings
 
     @functools.cached_property
+    def bare(self) -> tuple[Match | None, ...]:
+        """For each rule that reads no value, the Match it always gives; None for the others."""
+        return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache)
+                     for r in self.rules)
+
+    @functools.cached_property
     def screen(self) -> Screen:
         """Which rules (indices 0…) and settings patterns (after them) might match a record's bytes."""
         return Screen([r.pattern for r in self.rules] + list(self.settings))
@@ -163,6 +169,8 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
         if settled and rule.reason is None and not rule.heartbeat:
             continue
         if found := rule.pattern.search(message):
+            if (bare := grammar.bare[index]) is not None:
+                return bare
             info, values = {}, {}
             for group, raw in found.groupdict().items():
                 if raw is None:

@@ -121,7 +121,8 @@ class Screen:
             return ()
         if 0 in hits:
             return self.everything
-        return tuple(sorted(hit - 1 for hit in hits))
+        hits.sort()
+        return tuple([hit - 1 for hit in hits])
 
     def passes(self, data: bytes) -> bool:
         """Whether any pattern might match `data`."""
