@@ -69,14 +69,15 @@ class Slice:
 class _Line:
     """A unit's last line in the slice, and whether its next line must be handed over."""
 
-    __slots__ = ("held", "invocation", "t", "unit", "wake")
+    __slots__ = ("held", "invocation", "t", "unit")
 
     def __init__(self, unit: bytes) -> None:
         self.unit = unit
-        self.t: int | None = None  # None: no line of the unit in the slice yet
-        self.invocation = b""
+        self.t = 0
+        # None: the next line is handed over, whatever it is: the unit's first in the slice, or the
+        # first since PID 1 spoke of it (what the fold compares a line with has changed)
+        self.invocation: bytes | None = None
         self.held: Candidate | None = None  # its last line, dropped unless the next one is handed over
-        self.wake = False  # PID 1 spoke of the unit since: what the fold compares a line with changed
 
 
 # A line no rule but the screen's could keep: its unit's _Line, realtime µs, invocation, MESSAGE.
@@ -144,15 +145,16 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
             message = get("MESSAGE")
         except KeyError:  # no MESSAGE, no line
             continue
-        if (line.t is None or line.wake or invocation != line.invocation or t - line.t >= silence
-                or len(message) > longest):
+        # handed over whatever the screen says: a new invocation (or the unit's first line, or the first
+        # since PID 1 spoke of it), the first after a silence, and a message longer than a record
+        if invocation != line.invocation or t - line.t >= silence or len(message) > longest:
             _settle(pending, kept)
             fields = fields_of(reader)
             if fields.get("_SYSTEMD_UNIT") != line.unit:
                 raise _Unreliable(f"invocation {invocation!r} is not only {line.unit!r}'s")
             _hand_over(line, (t / 1e6, fields), kept)
             if clean_records(message):  # no record, no line: the fold sees nothing
-                line.t, line.invocation, line.wake = t, invocation, False
+                line.t, line.invocation = t, invocation
         elif not b"!" <= message[:1] <= b"~" and _blank(message):  # a printable first byte: a record
             continue
         else:  # the same invocation as the line before: only the time moves
@@ -202,7 +204,7 @@ def _whole(reader: journal.Reader, t: int, units: dict[bytes, _Line], kept: list
     subject = fields.get("UNIT") if fields.get("_PID") == b"1" else fields.get("_SYSTEMD_UNIT")
     line = units.get(subject) if isinstance(subject, bytes) else None
     if line is not None:
-        line.wake = True
+        line.invocation = None
     _hand_over(line, (t / 1e6, fields), kept)
 
 
