@@ -255,6 +255,7 @@ def _raw(reader: journal.Reader, name: str) -> bytes | None:
 def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, int]]:
     """Each unit's engine, chosen from its first SNIFF records as replay.Replay chooses it."""
     loaded = [grammars.load(engine) for engine in grammars.ENGINES]
+    passes = _screen().passes
     chosen = {}
     reader = _open(path)
     try:
@@ -265,6 +266,13 @@ def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, 
             reader.seek_head()
             records: list[str] = []
             while len(records) < SNIFF and reader._next():
+                message = _raw(reader, "MESSAGE") or b""
+                if len(message) <= MAX_RECORD and not passes(message):
+                    # no rule of any engine matches it, and with no \r nor colour it is one record (or
+                    # none, blank): it counts towards SNIFF and scores nothing, as in the skim, unread
+                    if not _blank(message):
+                        records.append("")
+                    continue
                 fields = fields_of(reader)
                 if unit_of(fields, "") == unit:  # not PID 1's, which is about units, nor the kernel's
                     observed = to_observations(fields, 0.0, frozenset({unit}))
