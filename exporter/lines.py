@@ -19,6 +19,8 @@ TQDM_ELAPSED = re.compile(r"\[(?:(\d{1,6}):)?(\d\d):(\d\d)<")
 
 def redraw_ages(records: list[str]) -> list[float]:
     """For each record, how many seconds before the last one it was drawn (0 when it cannot tell)."""
+    if len(records) < 2:  # a record is drawn when it is drawn: what nearly every line is
+        return [0.0] * len(records)
     elapsed = [_elapsed(r) for r in records]
     last = next((e for e in reversed(elapsed) if e is not None), None)
     if last is None:
