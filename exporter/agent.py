@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Callable, Iterable
 
 from exporter import evidence, expectations, grammar, xids
 from exporter.config import Config
@@ -24,6 +24,7 @@ from exporter.model import (
     UnitState,
     UnitView,
     XidError,
+    evolve,
     frozen_map,
 )
 from exporter.sources.gpu import GpuReading, GpuSource, by_unit
@@ -94,6 +95,9 @@ class Agent:
         found: list[XidError] = []
         for item in self.journal.drain():
             (found if isinstance(item, XidError) else observations).append(item)
+        # A unit named without its engine: its processes' command lines name it, read as soon as
+        # it logs, so that even its first lines are folded with its own grammar.
+        self._detect({o.unit for o in observations if self.engines.get(o.unit, "") is None})
         observations += [s for u, s in samples.items() if u in history_read]
         observations += [self._resuming.pop(u) for u in history_read & self._resuming.keys()]
         reading = self.gpu.latest if self.gpu else None
@@ -144,15 +148,27 @@ class Agent:
         except OSError as error:
             self.processes_status.down(str(error))
             return
-        grammars = tuple(self.grammars.values())
         for unit, cmdlines in found.items():
-            engine = next((e for c in cmdlines if (e := grammar.detect(grammars, c))), None)
+            engine = self._engine_of(cmdlines)
             if unit in self.engines and self.engines[unit] is None and engine:
-                self.engines[unit] = engine
-                logger.info("unit=%s engine=%s detected from its command line", unit, engine)
+                self._name(unit, engine, "detected from its command line")
             elif unit not in self.engines and engine and not self.config.units:
-                self.engines[unit] = engine
-                logger.info("unit=%s engine=%s discovered", unit, engine)
+                self._name(unit, engine, "discovered")
+
+    def _detect(self, units: set[str]) -> None:
+        for unit in sorted(units):
+            if engine := self._engine_of(self.processes.cmdlines(unit)):
+                self._name(unit, engine, "detected from its command line")
+
+    def _engine_of(self, cmdlines: Iterable[str]) -> str | None:
+        grammars = tuple(self.grammars.values())
+        return next((e for c in cmdlines if (e := grammar.detect(grammars, c))), None)
+
+    def _name(self, unit: str, engine: str, how: str) -> None:
+        self.engines[unit] = engine
+        if unit in self.states:  # published before its engine was known: its label follows
+            self.states[unit] = evolve(self.states[unit], engine=engine)
+        logger.info("unit=%s engine=%s %s", unit, engine, how)
 
     def _sample(self, units: Iterable[str], t: float) -> dict:  # type: ignore[type-arg]
         try:

@@ -23,7 +23,7 @@ def test_the_agent_follows_llama_cpp_to_ready(agent, journald, tmp_path):
     model = write_tiny_llama(tmp_path / "tiny-random-llama.gguf")
     port = free_port()
     name = "test-llamacpp-tiny.service"
-    metrics = agent(f"{name}=llamacpp")
+    metrics = agent(name)  # no engine given: its command line names it, once it runs
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
             "--port", str(port), "--n_ctx", "128"]
     with sandbox.start_unit(journald, name, argv):

@@ -413,6 +413,16 @@ def test_list_units_finds_a_unit_by_command_line(unit: Unit, source: ProcessSour
     assert proc.pid in dict(unit.sample(source).ids)
 
 
+@needs_cgroup
+def test_one_units_command_lines(unit: Unit, source: ProcessSource) -> None:
+    """What the agent reads when a unit named without its engine first logs."""
+    assert source.cmdlines(unit.name) == ()  # no process yet
+    assert source.cmdlines("no-such-unit.service") == ()
+    marker = f"--model=marker-{secrets.token_hex(4)}"
+    unit.spawn(WAIT, marker, sub="sub")
+    assert source.cmdlines(unit.name) == (f"{sys.executable} -c {WAIT} {marker}",)
+
+
 # ---- no cgroup2 needed ----
 
 

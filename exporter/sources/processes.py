@@ -7,10 +7,11 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import TypeVar
 
 import psutil
 
@@ -162,8 +163,15 @@ class ProcessSource:
             except OSError:
                 continue
             if pids:
-                units[entry.name] = tuple(line for line in map(_cmdline, sorted(pids)) if line)
+                units[entry.name] = _cmdlines(pids)
         return units
+
+    def cmdlines(self, unit: str) -> tuple[str, ...]:
+        """The command lines of one unit's processes; () when it has none, or no cgroup."""
+        try:
+            return _cmdlines(_pids(self.cgroup_root / self.slice / unit))
+        except OSError:
+            return ()
 
     def _check_root(self) -> None:
         # cgroup.controllers exists in every cgroup2 directory and in no cgroup v1 or tmpfs one, so
@@ -280,6 +288,10 @@ def _summarise(unit: str, t: float, readings: list[_Reading], cgroup_cpu: float 
         states=frozen_map(states),
         started_at=min((r.started for r in readings), default=None),
     )
+
+
+def _cmdlines(pids: set[int]) -> tuple[str, ...]:
+    return tuple(line for line in map(_cmdline, sorted(pids)) if line)
 
 
 def _cmdline(pid: int) -> str:
