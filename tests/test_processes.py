@@ -8,19 +8,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import psutil
 import pytest
 
 from exporter.model import ProcessSample, ProcessState
 from exporter.sources.processes import (
-    create_time_offset,
     CgroupUnavailable,
     ProcessSource,
+    create_time_offset,
     find_cgroup2_root,
     parse_cgroup2_mount,
 )
@@ -176,7 +177,7 @@ class Unit:
             with suppress(ProcessLookupError):
                 (self.root / "cgroup.procs").write_text(str(pid))
         for cgroup in (self.path / "sub", self.path):
-            poll(lambda: _rmdir(cgroup))
+            poll(lambda cgroup=cgroup: _rmdir(cgroup))
 
 
 def _rmdir(path: Path) -> bool:
