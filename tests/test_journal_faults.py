@@ -7,20 +7,21 @@ a unit that prints numbered ticks and check that every tick arrives once, in ord
 from __future__ import annotations
 
 import os
-import secrets
 import re
+import secrets
 import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from exporter.demo import sandbox
 from exporter.model import LogLine
 from exporter.sources.journal import JournalPlace
 from exporter.sources.journal_process import JournalSource
-from tests.scrape import wait_for
+from tests.scrape import free_port, try_fetch, wait_for
 
 TICKER = "import sys, time\nfor i in range(1_000_000):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.01)\n"
 TICK = re.compile(r"tick (\d+)$")
@@ -151,3 +152,23 @@ def _agents():
     import psutil
 
     return [p for p in psutil.process_iter(["cmdline"]) if "serve" in (p.info["cmdline"] or []) and "exporter" in (p.info["cmdline"] or [])]
+
+
+def test_a_stop_sent_to_the_whole_group_is_quiet(journald, tmp_path):
+    """systemd's stop (KillMode=control-group) and a terminal's Ctrl-C reach the reader child too; the
+    agent stops it itself, and has no reader's death to report."""
+    port = free_port()
+    argv = [sys.executable, "-m", "exporter", "serve", "--journal.namespace", journald.namespace,
+            "--web.listen-address", f"127.0.0.1:{port}", "--no-collector.gpu", "--state.path", str(tmp_path / "s.db")]
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        log = tmp_path / f"agent-{stop.name}.log"
+        with open(log, "w") as err:
+            agent = subprocess.Popen(argv, stderr=err, start_new_session=True)
+        try:
+            wait_for(lambda: try_fetch(port), 15, "the agent to serve /metrics")
+            wait_for(psutil.Process(agent.pid).children, 10, "the reader child to run")
+            os.killpg(agent.pid, stop)
+            assert agent.wait(timeout=10) == 0
+        finally:
+            agent.kill()
+        assert "journal reader died" not in log.read_text(), log.read_text()

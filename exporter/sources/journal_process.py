@@ -15,8 +15,8 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
-from typing import Callable, Iterable
 
 from exporter.model import Observation, XidError
 from exporter.sources.journal import Follower, JournalPlace
@@ -30,7 +30,10 @@ BACKOFF_MAX = 30.0
 def _child(place: JournalPlace, conn: Connection, cursor: str | None, backfilled: frozenset[str]) -> None:
     """The child: follow the journal, send what it reads, stop with the parent."""
     parent = os.getppid()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # A terminal's Ctrl-C and systemd's stop (KillMode=control-group) reach every process of the
+    # agent: they are the parent's to handle, which then stops this child itself
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.SIG_IGN)
     watched: frozenset[str] = backfilled
 
     def new_units() -> frozenset[str]:
