@@ -118,8 +118,6 @@ def evolve(state: T, **changes: object) -> T:
     return new
 
 
-
-
 # ---- observations: what the sources hand to the core, each stamped with CLOCK_MONOTONIC seconds ----
 
 

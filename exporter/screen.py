@@ -134,7 +134,7 @@ class Screen:
         literal that did would only make a text pass needlessly); after a text passes, the scan
         goes on from the next one's start."""
         together = b"\0".join(texts)
-        found = self._any.search(together)
+        found = self._any.search(together) if texts else None
         if found is None:  # what a batch of serving lines comes to
             return set()
         starts = list(accumulate((len(text) + 1 for text in texts[:-1]), initial=0))

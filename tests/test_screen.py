@@ -150,3 +150,4 @@ def test_a_batch_with_nothing_to_find():
     serving = [b'INFO:     10.0.3.4:41000 - "POST /v1/chat/completions HTTP/1.1" 200 OK'] * 256
     assert UNION.passing(serving) == set()
     assert UNION.passing([*serving, b"x\rCapturing CUDA graphs: 100%"]) == {256}
+    assert Screen([re.compile(r"\d+")]).passing([]) == set()  # even where every text passes
