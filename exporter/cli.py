@@ -226,14 +226,14 @@ def run_serve(config: Config, stop: threading.Event | None = None) -> int:
     from exporter.runtime import Runtime, StartError
 
     stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():  # before anything starts: a stop is never lost
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
     try:
         runtime = Runtime.start(config)
     except StartError as error:
         logger.error("%s", error)
         return 1
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
     try:
         runtime.agent.run(stop)
     finally:

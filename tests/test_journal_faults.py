@@ -14,14 +14,13 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from exporter.demo import sandbox
 from exporter.model import LogLine
 from exporter.sources.journal import JournalPlace
 from exporter.sources.journal_process import JournalSource
-from tests.scrape import free_port, try_fetch, wait_for
+from tests.scrape import Scrape, fetch, free_port, try_fetch, wait_for
 
 TICKER = "import sys, time\nfor i in range(1_000_000):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.01)\n"
 TICK = re.compile(r"tick (\d+)$")
@@ -72,6 +71,17 @@ def test_the_reader_killed_by_sigbus_resumes_after_the_last_entry(ticking):
     assert ticking.source.restarts == 3
     ticking.assert_once_in_order()
     assert ticking.seen == list(range(ticking.seen[0], ticking.seen[-1] + 1)), "a tick was lost"
+
+
+def test_a_sigterm_that_reaches_the_reader_is_the_agents_to_handle(ticking):
+    """systemd's stop signals every process of the unit; the reader leaves it to the agent, which
+    stops it itself, and reads on meanwhile."""
+    child = ticking.source.child_pid
+    before = ticking.read()[-1]
+    os.kill(child, signal.SIGTERM)
+    ticking.past(before + 100, "ticks after the SIGTERM")
+    assert (ticking.source.child_pid, ticking.source.restarts) == (child, 0)
+    ticking.assert_once_in_order()
 
 
 def test_rotation_and_vacuum_while_reading(ticking, journald):
@@ -156,7 +166,7 @@ def _agents():
 
 def test_a_stop_sent_to_the_whole_group_is_quiet(journald, tmp_path):
     """systemd's stop (KillMode=control-group) and a terminal's Ctrl-C reach the reader child too; the
-    agent stops it itself, and has no reader's death to report."""
+    agent stops it itself, and has no reader's death to report. A stop as soon as it serves is not lost."""
     port = free_port()
     argv = [sys.executable, "-m", "exporter", "serve", "--journal.namespace", journald.namespace,
             "--web.listen-address", f"127.0.0.1:{port}", "--no-collector.gpu", "--state.path", str(tmp_path / "s.db")]
@@ -166,7 +176,8 @@ def test_a_stop_sent_to_the_whole_group_is_quiet(journald, tmp_path):
             agent = subprocess.Popen(argv, stderr=err, start_new_session=True)
         try:
             wait_for(lambda: try_fetch(port), 15, "the agent to serve /metrics")
-            wait_for(psutil.Process(agent.pid).children, 10, "the reader child to run")
+            wait_for(lambda: Scrape(fetch(port)).value("llmstartup_source_up", source="journal") == 1, 10,
+                     "the reader child to read")  # it ignores the stop signals once it runs
             os.killpg(agent.pid, stop)
             assert agent.wait(timeout=10) == 0
         finally:
