@@ -54,7 +54,7 @@ LOG_CLOCK = re.compile(r" \d\d-\d\d \d\d:\d\d:\d\d ")
 def _startup_template() -> tuple[str, ...]:
     """The demo scenario's lines as vLLM 0.11 prints them, one journal entry each (split at \\n),
     with placeholders for the pids and a fixed clock."""
-    from exporter.demo import vllm_startup as demo
+    from exporter.shell.demo import vllm_startup as demo
 
     out = io.StringIO()
     console = demo.Console(out, out, lambda: 0)
@@ -232,10 +232,11 @@ def ours(folder: Path, stage: str = "advance") -> tuple[float, int, dict[str, ob
     stage "read": the Reader calls only; "observe": and to_observations (whose results are kept, for
     the pickling figure); "advance": the whole path, the headline figure.
     """
-    from exporter import grammar
-    from exporter.model import Limits, UnitState, XidError
-    from exporter.sources.journal import JournalPlace, _entry, to_observations
-    from exporter.tracker import advance
+    from exporter.core import grammar
+    from exporter.core.model import Limits, UnitState, XidError
+    from exporter.core.entries import to_observations
+    from exporter.sources.journal import JournalPlace, _entry
+    from exporter.core.tracker import advance
 
     vllm, limits, units = grammar.load("vllm"), Limits(), frozenset(UNITS)
     states: dict[str, UnitState] = {}

@@ -59,7 +59,7 @@ def _last_line_time(journald, unit) -> float:  # type: ignore[no-untyped-def]
 
 
 def run() -> list[Row]:
-    from exporter.demo import sandbox
+    from exporter.shell.demo import sandbox
 
     say(f"== 4. last sign of life → stalled: --stall.threshold {STALL:g}s --sample.interval {INTERVAL:g}s "
         f"--silence.threshold {SILENCE:g}s, {len(OFFSETS)} units ==")
@@ -84,7 +84,7 @@ def run() -> list[Row]:
         for name, offset in zip(names, OFFSETS):
             path = tmp / f"{name}.json"
             path.write_text(json.dumps(hang_unit(offset)))
-            unit = sandbox.start_unit(journald, name, [sys.executable, "-m", "exporter.demo.vllm_startup", str(path)])
+            unit = sandbox.start_unit(journald, name, [sys.executable, "-m", "exporter.shell.demo.vllm_startup", str(path)])
             stack.callback(unit.stop)
             units.append(unit)
 

@@ -1,7 +1,7 @@
 """2. Steady state and 3. /metrics latency: `llmstartup serve` on 8 busy units and 8 GPUs, beside node_exporter.
 
-The rig: a private journald namespace (exporter.demo.sandbox), 8 scripted vLLM units
-(exporter.demo.vllm_startup) that print their startup, then a weight-loading line every 2–3 s and
+The rig: a private journald namespace (exporter.shell.demo.sandbox), 8 scripted vLLM units
+(exporter.shell.demo.vllm_startup) that print their startup, then a weight-loading line every 2–3 s and
 burn CPU in a forked worker now and then (0.25 s every ~10 s: torch.compile's workers); the fake
 libnvidia-ml of the tests with 8 H200s, each unit's main pid holding memory on its own GPU (grown by
 1 GiB every 10 s, as weights load); `llmstartup serve --sample.interval 2s --collector.gpu` on them;
@@ -109,7 +109,7 @@ def _fake_nvml(tmp: Path):  # type: ignore[no-untyped-def]
 @contextmanager
 def rig(seconds: float) -> Iterator[Rig]:
     """Everything of items 2 and 3, running; all of it stopped and removed on the way out."""
-    from exporter.demo import sandbox
+    from exporter.shell.demo import sandbox
 
     node_binary = find_binary(NODE_EXPORTER, "prometheus-node-exporter")
     with ExitStack() as stack:
@@ -122,7 +122,7 @@ def rig(seconds: float) -> Iterator[Rig]:
             path = tmp / f"unit{i}.json"
             path.write_text(json.dumps(busy_unit(i, seconds)))
             unit = sandbox.start_unit(journald, f"{prefix}-vllm{i}.service",
-                                      [sys.executable, "-m", "exporter.demo.vllm_startup", str(path)])
+                                      [sys.executable, "-m", "exporter.shell.demo.vllm_startup", str(path)])
             stack.callback(unit.stop)
             units.append(unit)
             nvml.processes.append(_process(i, unit.pid, 4 * GiB))

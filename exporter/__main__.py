@@ -1,5 +1,5 @@
 """`python -m exporter` runs the command line."""
 
-from exporter.cli import main
+from exporter.shell.cli import main
 
 raise SystemExit(main())

@@ -11,7 +11,7 @@ Two dashboards over the `llmstartup_*` metrics (README.md, "Metrics"):
   liveness signal, GPU memory per GPU, CPU, I/O, the last start phase by phase, and phase durations
   over past starts against the expected ones.
 
-Phases, verdicts and signals come from exporter.model, and their colours from the landing page, so a
+Phases, verdicts and signals come from exporter.core.model, and their colours from the landing page, so a
 new phase shows up here once the dashboards are regenerated (tests/test_dashboards.py checks that
 the committed JSON is what this file writes). Every query selects on the template variables
 `cluster`, `instance` and `unit` with regex matchers; `panel_queries()` gives every query with them
@@ -48,9 +48,9 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from exporter.grammar import VALUES
-from exporter.landing import COLOURS, VERDICT_COLOURS
-from exporter.model import Phase, Verdict
+from exporter.core.grammar import VALUES
+from exporter.core.landing import COLOURS, VERDICT_COLOURS
+from exporter.core.model import Phase, Verdict
 
 HERE = Path(__file__).resolve().parent
 FLEET_FILE = HERE / "llmstartup-fleet.json"

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from exporter.demo import sandbox
+from exporter.shell.demo import sandbox
 from tests.fake_nvml.fixtures import fake_nvml, fake_nvml_lib, fake_nvml_lib_no_v3  # noqa: F401
 from tests.scrape import INTERVAL, SILENCE, STALL, free_port, try_fetch, wait_for
 
@@ -29,7 +29,7 @@ def journald() -> Iterator[sandbox.Journald]:
 
 @pytest.fixture
 def units(journald: sandbox.Journald, tmp_path) -> Iterator[Callable[..., sandbox.Unit]]:
-    """`start(name_suffix, steps, env=None) -> Unit`: run exporter.demo.vllm_startup as a unit.
+    """`start(name_suffix, steps, env=None) -> Unit`: run exporter.shell.demo.vllm_startup as a unit.
 
     The unit is `test-<random>-<name_suffix>.service`, the random part fixed per test, so starting
     the same suffix again (after stopping it) is a restart with a new invocation id. `steps` is a
@@ -48,7 +48,7 @@ def units(journald: sandbox.Journald, tmp_path) -> Iterator[Callable[..., sandbo
             path = tmp_path / f"{name_suffix}-{len(started)}.json"
             path.write_text(json.dumps(steps))
             source = [str(path)]
-        argv = [sys.executable, "-m", "exporter.demo.vllm_startup", *source]
+        argv = [sys.executable, "-m", "exporter.shell.demo.vllm_startup", *source]
         unit = sandbox.start_unit(journald, f"{prefix}-{name_suffix}.service", argv, env)
         started.append(unit)
         return unit

@@ -2,7 +2,7 @@
 
 import pytest
 
-from exporter.config import parse_duration, parse_listen, parse_unit
+from exporter.core.config import parse_duration, parse_listen, parse_unit
 
 
 @pytest.mark.parametrize(

@@ -21,12 +21,12 @@ import pytest
 pytest.importorskip("grafana_foundation_sdk")
 yaml = pytest.importorskip("yaml")
 
-from exporter.grammar import VALUES
-from exporter.model import Phase, Signal, Verdict
+from exporter.core.grammar import VALUES
+from exporter.core.model import Phase, Signal, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
-COLLECTOR = ROOT / "exporter" / "collector.py"
+COLLECTOR = ROOT / "exporter" / "shell" / "collector.py"
 
 
 def _load():
@@ -152,7 +152,7 @@ def test_every_phase_and_verdict_has_a_colour(name: str) -> None:
 
 
 def exported_metrics() -> set[str]:
-    """The metric names exporter/collector.py renders (histograms with their series suffixes)."""
+    """The metric names exporter/shell/collector.py renders (histograms with their series suffixes)."""
     source = COLLECTOR.read_text()
     names = set(re.findall(r'_gauge\(\s*"(\w+)"', source)) | set(re.findall(r'f"\{NS\}_(\w+)"', source))
     names |= set(VALUES)

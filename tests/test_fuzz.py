@@ -7,7 +7,7 @@ database), so a failure here is reproducible and the file takes a few seconds, n
 - `grammar.match` for every engine on arbitrary text and on mutated real fixture lines (tests/grammars);
 - `formats.detect` and `formats.entries` for every Format on arbitrary chunks and mutated samples
   (tests/formats: truncation, byte flips, inserted NULs, CRLF);
-- `sources.journal.to_observations` on arbitrary field dicts;
+- `core.entries.to_observations` on arbitrary field dicts;
 - `replay.Replay` with `document` and `text` on fuzzed entries, and from fuzzed bytes end to end;
 - `tracker.advance` + `tracker.judge` on random observation sequences, with invariants checked
   after every step (phases only move forward within an attempt, counters never go down, one verdict);
@@ -33,11 +33,11 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import formats, grammar, replay, report, tracker
-from exporter.collector import SnapshotCollector
-from exporter.formats import Format
-from exporter.lines import MAX_RECORD, clean_records, redraw_ages
-from exporter.model import (
+from exporter.core import formats, grammar, replay, report, tracker
+from exporter.shell.collector import SnapshotCollector
+from exporter.core.formats import Format
+from exporter.core.lines import MAX_RECORD, clean_records, redraw_ages
+from exporter.core.model import (
     STARTUP_ORDER,
     Event,
     Fault,
@@ -56,8 +56,8 @@ from exporter.model import (
     XidError,
     frozen_map,
 )
-from exporter.sources.journal import FIELDS as JOURNAL_FIELDS
-from exporter.sources.journal import LIFECYCLE_IDS, to_observations
+from exporter.core.entries import FIELDS as JOURNAL_FIELDS
+from exporter.core.entries import LIFECYCLE_IDS, to_observations
 
 # derandomize: the same examples every run; database=None: no .hypothesis/ state that changes them;
 # deadline=None: a slow CI machine must not turn into a flaky failure (time is checked on its own below).
@@ -72,7 +72,7 @@ FUZZ = settings(
 FEW = settings(FUZZ, max_examples=25)  # for examples that cost a megabyte each
 
 ROOT = Path(__file__).parent
-GRAMMARS = {engine: grammar.load(engine) for engine in grammar.ENGINES}
+GRAMMARS = dict(grammar.load_all())
 UNIT = "fuzz.service"
 UNITS = frozenset({UNIT})
 MiB = 2**20
@@ -94,7 +94,7 @@ def _fixture_lines() -> dict[str, list[str]]:
 
 FIXTURE_LINES = _fixture_lines()
 ALL_LINES = [line for lines in FIXTURE_LINES.values() for line in lines]
-# vllm.journal.gz is a binary journal file, read by libsystemd rather than by exporter.formats.
+# vllm.journal.gz is a binary journal file, read by libsystemd rather than by exporter.core.formats.
 SAMPLES = {p.name: p.read_bytes() for p in sorted((ROOT / "formats").iterdir()) if p.is_file() and p.suffix != ".gz"}
 
 # Pieces that have broken parsers before: number shapes a `[\d.]+` group accepts but float() does not,
@@ -285,7 +285,7 @@ def _check_entries(chunks: list[bytes], fmt: Format) -> list[tuple[float | None,
     for t, fields in got:
         # a time replay's timeline cannot print (past datetime's years 1 to 9999) is no time
         assert t is None or (isinstance(t, float) and report.iso(t - 86400) and report.iso(t + 86400)), t
-        assert isinstance(fields, dict) and set(fields) <= set(formats.FIELDS)
+        assert isinstance(fields, dict) and set(fields) <= set(JOURNAL_FIELDS)
         assert all(isinstance(v, (str, bytes)) for v in fields.values())
     return got
 

@@ -6,7 +6,7 @@ import pytest
 
 from dataclasses import replace
 
-from exporter.model import Gpu
+from exporter.core.model import Gpu
 from exporter.sources.gpu import GpuReading, GpuSource, by_unit
 from tests.scrape import wait_for
 

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter import grammar
-from exporter.grammar import INFO, VALUES, Grammar, GrammarError
-from exporter.lines import clean_records
-from exporter.model import STARTUP_ORDER, Phase, Reason
+from exporter.core import grammar
+from exporter.core.grammar import INFO, VALUES, Grammar, GrammarError
+from exporter.core.lines import clean_records
+from exporter.core.model import STARTUP_ORDER, Phase, Reason
 
 FIXTURES = Path(__file__).parent / "grammars"
 SEPARATOR = " | "
-GRAMMARS: dict[str, Grammar] = {engine: grammar.load(engine) for engine in grammar.ENGINES}
+GRAMMARS: dict[str, Grammar] = dict(grammar.load_all())
 # Engines whose logs hold no `\r`-redrawn bar at all: TGI's launcher re-logs its shards' output line by
 # line, Ollama's daemon and runners log with slog, and the fallback knows no engine.
 NO_REDRAW = frozenset({"tgi", "ollama", "generic"})

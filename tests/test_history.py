@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-from exporter.expectations import ceiling, learn, phase_durations
-from exporter.history import KEEP_PER_UNIT, SCHEMA_VERSION, AttemptRecord, History
-from exporter.model import Attempt, Phase
+from exporter.core.expectations import ceiling, learn, phase_durations
+from exporter.shell.history import KEEP_PER_UNIT, SCHEMA_VERSION, AttemptRecord, History
+from exporter.core.model import Attempt, Phase
 from tests.scrape import Scrape, fetch, wait_for
 from tests.test_operator import READY_QUICKLY
 
@@ -131,8 +131,8 @@ def test_starts_are_learned_across_restarts_of_the_unit_and_of_the_agent(agent, 
 
 
 def test_evidence_round_trips_and_is_refused_from_another_boot():
-    from exporter import evidence
-    from exporter.model import ProcessSample, Signal, UnitState
+    from exporter.core import evidence
+    from exporter.core.model import ProcessSample, Signal, UnitState
 
     sample = ProcessSample(50.0, "u.service", frozenset({(10, 1.5)}), 12.5, 100, 200, 300, started_at=1.5)
     state = UnitState("u.service", attempt=Attempt(started=1.0, invocation="abc"), watched_since=20.0,

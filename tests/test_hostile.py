@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from exporter.demo import sandbox
-from exporter.sources.journal import LIFECYCLE_IDS
+from exporter.shell.demo import sandbox
+from exporter.core.entries import LIFECYCLE_IDS
 from tests.scrape import INTERVAL, SILENCE, STALL, Scrape, fetch, free_port, try_fetch, wait_for
 
 NOBODY = 65534
@@ -47,7 +47,7 @@ COMPILED = "torch.compile takes 12.40 s in total"
 KV_CACHE = "GPU KV cache size: 412,336 tokens"
 
 # A unit program driven by a JSON plan, writing raw bytes to its stdout (the journal stream): the
-# scripted vLLM unit (exporter.demo.vllm_startup) writes text only, through a UTF-8 TextIO.
+# scripted vLLM unit (exporter.shell.demo.vllm_startup) writes text only, through a UTF-8 TextIO.
 PROGRAM = r'''
 import json, os, random, signal, sys, time
 
@@ -157,7 +157,7 @@ def _line(text: str) -> dict[str, Any]:
 
 
 def _log(text: str) -> dict[str, Any]:
-    """A step of exporter.demo.vllm_startup (the `units` fixture): logged with vLLM's own prefix."""
+    """A step of exporter.shell.demo.vllm_startup (the `units` fixture): logged with vLLM's own prefix."""
     return {"log": text}
 
 
@@ -512,8 +512,8 @@ def _nobody_python() -> tuple[str, dict[str, str]]:
     # too. (setpriv execs its command before it drops every capability, so a path nobody may not resolve
     # can start once, and then its child dies with status 255.)
     probe_code = (
-        "import subprocess, sys; import exporter.runtime, systemd.journal, psutil; "
-        "sys.exit(subprocess.call([sys.executable, '-c', 'import exporter.runtime, systemd.journal, psutil']))"
+        "import subprocess, sys; import exporter.shell.runtime, systemd.journal, psutil; "
+        "sys.exit(subprocess.call([sys.executable, '-c', 'import exporter.shell.runtime, systemd.journal, psutil']))"
     )
     why = []
     for python, env in candidates:

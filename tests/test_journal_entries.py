@@ -2,8 +2,8 @@
 
 import pytest
 
-from exporter.model import Event, Lifecycle, LogLine, Suppressed, XidError
-from exporter.sources.journal import to_observations
+from exporter.core.model import Event, Lifecycle, LogLine, Suppressed, XidError
+from exporter.core.entries import to_observations
 
 U = "vllm.service"
 UNITS = frozenset({U})

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from exporter.demo import sandbox
-from exporter.model import LogLine
+from exporter.shell.demo import sandbox
+from exporter.core.model import LogLine
 from exporter.sources.journal import JournalPlace
 from exporter.sources.journal_process import JournalSource
 from tests.scrape import Scrape, fetch, free_port, try_fetch, wait_for

@@ -18,8 +18,8 @@ import pytest
 
 from bench.common import JOURNAL_REMOTE, find_binary
 from bench.ingest import export_stream
-from exporter import replay
-from exporter.model import Limits
+from exporter.core import replay
+from exporter.core.model import Limits
 from exporter.sources import journal_skim
 from exporter.sources.journal_file import read_journal_file
 

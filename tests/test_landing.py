@@ -9,8 +9,8 @@ import subprocess
 import pytest
 from PIL import Image
 
-from exporter.landing import COLOURS
-from exporter.model import Phase
+from exporter.core.landing import COLOURS
+from exporter.core.model import Phase
 from tests.scrape import Scrape, fetch, wait_for
 from tests.test_operator import READY_QUICKLY
 from tests.test_serve import HANG_AFTER_COMPILE

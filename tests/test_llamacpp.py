@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from exporter.demo import sandbox
+from exporter.shell.demo import sandbox
 from tests.scrape import Scrape, fetch, free_port, wait_for
 from tests.tiny_model import write_tiny_llama
 

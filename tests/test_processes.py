@@ -17,7 +17,7 @@ from typing import TypeVar
 import psutil
 import pytest
 
-from exporter.model import ProcessSample, ProcessState
+from exporter.core.model import ProcessSample, ProcessState
 from exporter.sources.processes import (
     CgroupUnavailable,
     ProcessSource,

@@ -1,4 +1,4 @@
-"""exporter.demo.sandbox against a real journald namespace and the real cgroup v2 tree."""
+"""exporter.shell.demo.sandbox against a real journald namespace and the real cgroup v2 tree."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 from systemd import journal
 
-from exporter.demo import sandbox
+from exporter.shell.demo import sandbox
 
 LINE = re.compile(
     r"^\((?P<proc>\w+) pid=(?P<pid>\d+)\) (?P<level>[A-Z]+) \d\d-\d\d \d\d:\d\d:\d\d "

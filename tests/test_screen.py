@@ -1,4 +1,4 @@
-"""exporter.screen: the literal screen in front of every grammar never rules out a regex that matches."""
+"""exporter.core.screen: the literal screen in front of every grammar never rules out a regex that matches."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_grammars import ALL, GRAMMARS, _record
 
-from exporter import grammar
-from exporter.screen import Screen, required
+from exporter.core import grammar
+from exporter.core.screen import Screen, required
 
 PATTERNS = {engine: [r.pattern for r in g.rules] + list(g.settings) for engine, g in GRAMMARS.items()}
 
@@ -43,7 +43,7 @@ def test_no_literal_no_screen(pattern):
     screen = Screen([re.compile(pattern)])
     assert required(re.compile(pattern)) is None
     assert screen.unscreened == (0,)
-    assert screen.might(b"") == screen.might(b"zzz") == (0,)
+    assert screen.candidates(b"") == screen.candidates(b"zzz") == (0,)
 
 
 def test_every_rule_of_every_grammar_is_screened():
@@ -55,30 +55,30 @@ def test_every_rule_of_every_grammar_is_screened():
 def test_what_passes_the_screen():
     screen = Screen([re.compile("CUDA out of memory"), re.compile("(?i)address already in use"),
                      re.compile("\\u2588\\s+version")])
-    assert screen.might(b"INFO  10.0.0.1:4000 - \"POST /v1/completions HTTP/1.1\" 200 OK") == ()
-    assert screen.might(b"torch.OutOfMemoryError: CUDA out of memory. Tried") == (0,)
-    assert screen.might(b"ERROR: [Errno 98] ADDRESS ALREADY IN USE") == (1,)
+    assert screen.candidates(b"INFO  10.0.0.1:4000 - \"POST /v1/completions HTTP/1.1\" 200 OK") == ()
+    assert screen.candidates(b"torch.OutOfMemoryError: CUDA out of memory. Tried") == (0,)
+    assert screen.candidates(b"ERROR: [Errno 98] ADDRESS ALREADY IN USE") == (1,)
     # with a case-insensitive literal around, non-ASCII text passes for all: RE2 folds only ASCII
-    assert screen.might("█  version 0.19".encode()) == (0, 1, 2)
-    assert screen.passes(b"CUDA out of memory") and not screen.passes(b"nothing here")
+    assert screen.candidates("█  version 0.19".encode()) == (0, 1, 2)
+    assert screen.may_match(b"CUDA out of memory") and not screen.may_match(b"nothing here")
 
 
 def test_what_passes_a_screen_without_case_folding():
     patterns = [re.compile("CUDA out of memory"), re.compile("\u2588\\s+version")]
     screen, raw = Screen(patterns), Screen(patterns, raw=True)
-    assert screen.might("█  version 0.19".encode()) == (1,)
-    assert screen.might("Modèle chargé".encode()) == screen.might(b"\xff\xfe CUDA") == ()
-    assert screen.might(b"\xff CUDA out of memory") == (0,)  # invalid UTF-8 around a literal
+    assert screen.candidates("█  version 0.19".encode()) == (1,)
+    assert screen.candidates("Modèle chargé".encode()) == screen.candidates(b"\xff\xfe CUDA") == ()
+    assert screen.candidates(b"\xff CUDA out of memory") == (0,)  # invalid UTF-8 around a literal
     # a raw MESSAGE still holds colour codes, which clean_records strips, and \r bars
-    assert screen.might(b"CUDA \x1b[1mout of memory") == ()
-    assert raw.might(b"CUDA \x1b[1mout of memory") == raw.might(b"bar 1/2\rbar 2/2") == (0, 1)
-    assert raw.might(b"plain text") == ()
+    assert screen.candidates(b"CUDA \x1b[1mout of memory") == ()
+    assert raw.candidates(b"CUDA \x1b[1mout of memory") == raw.candidates(b"bar 1/2\rbar 2/2") == (0, 1)
+    assert raw.candidates(b"plain text") == ()
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.where)
 def test_every_fixture_line_that_a_regex_matches_passes_for_it(case):
     record = _record(case)
-    might = GRAMMARS[case.engine].might(record)
+    might = GRAMMARS[case.engine].candidates(record)
     for index, pattern in enumerate(PATTERNS[case.engine]):
         if pattern.search(record):
             assert index in might, f"{case.where}: screen rules out {pattern.pattern!r}"
@@ -118,7 +118,7 @@ def test_text_a_regex_matches_always_passes_its_screen(drawn):
     """Texts generated from the regexes themselves, with anything around the match."""
     engine, index, text = drawn
     assert PATTERNS[engine][index].search(text)
-    assert index in GRAMMARS[engine].might(text)
+    assert index in GRAMMARS[engine].candidates(text)
 
 
 @settings(max_examples=800, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -143,11 +143,11 @@ UNION = Screen([p for patterns in PATTERNS.values() for p in patterns], raw=True
 def test_a_batch_passes_what_each_of_its_texts_passes(texts):
     """Screening texts together (journal_skim's batches) passes exactly the texts that pass alone."""
     raw = [text.encode("utf-8", "surrogatepass") for text in texts]
-    assert UNION.passing(raw) == {at for at, data in enumerate(raw) if UNION.passes(data)}
+    assert UNION.which_may_match(raw) == {at for at, data in enumerate(raw) if UNION.may_match(data)}
 
 
 def test_a_batch_with_nothing_to_find():
     serving = [b'INFO:     10.0.3.4:41000 - "POST /v1/chat/completions HTTP/1.1" 200 OK'] * 256
-    assert UNION.passing(serving) == set()
-    assert UNION.passing([*serving, b"x\rCapturing CUDA graphs: 100%"]) == {256}
-    assert Screen([re.compile(r"\d+")]).passing([]) == set()  # even where every text passes
+    assert UNION.which_may_match(serving) == set()
+    assert UNION.which_may_match([*serving, b"x\rCapturing CUDA graphs: 100%"]) == {256}
+    assert Screen([re.compile(r"\d+")]).which_may_match([]) == set()  # even where every text passes

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from exporter import cli, runtime
-from exporter.config import Config
-from exporter.demo import sandbox
+from exporter.shell import cli, runtime
+from exporter.core.config import Config
+from exporter.shell.demo import sandbox
 from tests.scrape import INTERVAL, STALL, Scrape, fetch, wait_for
 
 LOAD = [
@@ -129,7 +129,7 @@ def test_without_units_the_agent_discovers_model_servers(agent, journald, tmp_pa
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps([*LOAD, {"hang": True}]))
     # argv[0] "vllm", as `vllm serve …` shows in a real unit's command line
-    argv = ["bash", "-c", f'exec -a vllm {sys.executable} -m exporter.demo.vllm_startup "$0"', str(steps)]
+    argv = ["bash", "-c", f'exec -a vllm {sys.executable} -m exporter.shell.demo.vllm_startup "$0"', str(steps)]
     name = f"test-{secrets.token_hex(3)}-discovered.service"
     port = agent()
     with sandbox.start_unit(journald, name, argv):

@@ -6,8 +6,8 @@ import functools
 
 import pytest
 
-from exporter import grammar
-from exporter.model import (
+from exporter.core import grammar
+from exporter.core.model import (
     Event,
     Fault,
     GpuSample,
@@ -22,7 +22,7 @@ from exporter.model import (
     UnitState,
     Verdict,
 )
-from exporter.tracker import advance, judge
+from exporter.core.tracker import advance, judge
 
 VLLM = grammar.load("vllm")
 LIMITS = Limits(silence=60, stall=300, stale=6, gpu=True)
@@ -320,7 +320,7 @@ def test_settings_and_compile_cache_are_kept_on_the_attempt():
 
 
 def _resumed(**changes):
-    from exporter.model import Resumed
+    from exporter.core.model import Resumed
 
     saved = dict(t=22, unit=U, invocation="a", attempt_started=0, watched_since=0, moved={Signal.CPU: 22.0}, sample=procs(22, 10, cpu=30))
     saved.update(changes)

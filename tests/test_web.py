@@ -1,6 +1,6 @@
 """The HTTP server: --web.config.file (TLS, client certificates, basic auth, headers) and hostile clients.
 
-The server runs in-process through exporter.http, with the real app on a private registry; the flag
+The server runs in-process through exporter.shell.http, with the real app on a private registry; the flag
 itself is checked through the real `llmstartup serve`. Certificates come from a throwaway CA made here.
 """
 
@@ -28,10 +28,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from prometheus_client import CollectorRegistry, Counter
 
-from exporter import http as web_http
-from exporter import webconfig
-from exporter.http import make_app, serve
-from exporter.model import Snapshot
+from exporter.shell import http as web_http
+from exporter.shell import webconfig
+from exporter.shell.http import make_app, serve
+from exporter.core.model import Snapshot
 from tests.scrape import free_port, wait_for
 
 PASSWORD = "s3cret-scrape"

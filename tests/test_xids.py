@@ -2,8 +2,8 @@
 
 import pytest
 
-from exporter.model import Fault, Gpu, GpuSample, Reason, UnitState, XidError
-from exporter.xids import bus_key, faults, is_repeat, resolve
+from exporter.core.model import Fault, Gpu, GpuSample, Reason, UnitState, XidError
+from exporter.core.xids import bus_key, faults, is_repeat, resolve
 
 GPUS = (Gpu("0", "GPU-a", "H200", "00000000:3B:00.0"), Gpu("1", "GPU-b", "H200", "00000000:5D:00.0"))
 

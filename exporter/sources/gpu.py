@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import pynvml
 
-from exporter.model import Gpu, XidError, frozen_map
+from exporter.core.model import Gpu, XidError, frozen_map
 from exporter.sources.status import SourceStatus
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""systemd-python Reader → LogLine and Lifecycle observations: one Reader, on one thread."""
+"""systemd-python: one Reader, on one thread, following this boot's journal for the watched units."""
 
 from __future__ import annotations
 
@@ -11,79 +11,10 @@ from typing import Callable, Mapping
 
 from systemd import journal
 
-from exporter.formats import FIELDS  # the fields an observation is built from; no other is decoded
-from exporter.lines import clean_records, redraw_ages
-from exporter.model import Event, Lifecycle, LogLine, Observation, Suppressed, XidError, frozen_map
+from exporter.core.entries import FIELDS, to_observations  # the fields an observation is built from; no other is decoded
+from exporter.core.model import Observation, XidError
 
 logger = logging.getLogger(__name__)
-
-
-# PID 1's unit lifecycle messages (src/systemd/sd-messages.h); text differs across versions, ids do not.
-LIFECYCLE_IDS: Mapping[str, Event] = frozen_map(
-    {
-        "39f53479d3a045ac8e11786248231fbf": Event.STARTED,
-        "98e322203f7a4ed290d09fe03c09fe15": Event.EXITED,
-        "d9b373ed55a64feb8242e02dbe79a49c": Event.FAILED,
-        "5eb03494b6584870a536b337290809b3": Event.RESTART_SCHEDULED,
-        "de5b426a63be47a7b6ac3eaac82e2f6f": Event.STOPPING,
-        "9d1aaa27d60140bd96365438aad20286": Event.STOPPED,
-        "7ad2d189f7e94e70a38c781354912448": Event.STOPPED,  # "Deactivated successfully."
-        "fe6faa94e7774663a0da52717891d8ef": Event.OOM_KILLED,
-    }
-)
-EXIT = re.compile(r"Main process exited, code=(\w+), status=(\d+)/(\w+)")
-FAILED_RESULT = re.compile(r"Failed with result '([\w-]+)'")
-XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d{1,6})\b")
-SUPPRESSED = "a596d6fe7bfa4994828e72309e95d61e"  # journald: "Suppressed N messages from UNIT"
-COUNT = re.compile(r"[0-9]{1,12}")  # ASCII digits, bounded: a saved log can hold anything
-
-
-def _text(value: bytes | str | list | None) -> str:  # type: ignore[type-arg]
-    if isinstance(value, list):  # a field given twice: journald keeps both, the first one counts
-        value = value[0] if value else None
-    if value is None:
-        return ""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def to_observations(
-    fields: Mapping[str, bytes | str], t: float, units: frozenset[str]
-) -> list[Observation | XidError]:
-    """One journal entry as observations of the watched units or a GPU Xid; [] for anything else.
-
-    `UNIT=` is a field any local user may set, so lifecycle lines are believed only from PID 1,
-    and Xid lines only from the kernel: journald fills in `_PID` and `_TRANSPORT` itself
-    (systemd.journal-fields(7): trusted fields).
-    """
-    transport = _text(fields.get("_TRANSPORT"))
-    if transport == "driver" and _text(fields.get("MESSAGE_ID")) == SUPPRESSED:  # journald's own word
-        unit = _text(fields.get("OBJECT_SYSTEMD_UNIT"))
-        dropped = _text(fields.get("N_DROPPED"))
-        return [Suppressed(t, unit, int(dropped))] if unit in units and COUNT.fullmatch(dropped) else []
-    if transport == "kernel":
-        found = XID.search(_text(fields.get("MESSAGE")))
-        return [XidError(t, found.group(1).lower(), int(found.group(2)), "kernel")] if found else []
-    unit = _text(fields.get("_SYSTEMD_UNIT"))
-    if unit in units:
-        invocation = _text(fields.get("_SYSTEMD_INVOCATION_ID"))
-        message = fields.get("MESSAGE", b"")
-        records = clean_records(message[0] if isinstance(message, list) and message else message or b"")
-        # A \r bar arrives when it ends; date each redraw back to when it was drawn.
-        return [LogLine(t - age, unit, r, invocation) for r, age in zip(records, redraw_ages(records))]
-    subject = _text(fields.get("UNIT"))
-    if subject not in units or _text(fields.get("_PID")) != "1":
-        return []
-    event = LIFECYCLE_IDS.get(_text(fields.get("MESSAGE_ID")))
-    if event is None:
-        return []
-    message = _text(fields.get("MESSAGE"))
-    detail = ""
-    if event is Event.EXITED and (found := EXIT.search(message)):
-        detail = "/".join(found.groups())
-    elif event is Event.FAILED:
-        found = FAILED_RESULT.search(message)
-        detail = _text(fields.get("UNIT_RESULT")) or (found.group(1) if found else "")
-    return [Lifecycle(t, subject, event, detail, _text(fields.get("INVOCATION_ID")))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +40,7 @@ class JournalPlace:
 def fields_of(reader: journal.Reader) -> dict[str, bytes]:
     """The current entry's FIELDS, raw bytes. One C call for all fields, and no decoding: a `_get`
     per field raising KeyError for each missing one costs three times as much (bench/ingest.py), and
-    decoding every field five times (reliability.md §1.1)."""
+    decoding every field five times (docs/reliability.md §1.1)."""
     everything = reader._get_all()
     return {name: everything[name] for name in FIELDS if name in everything}
 

@@ -68,7 +68,7 @@ def read_journal_file(path: Path, start: str | None = None) -> Iterator[tuple[fl
     """Every entry of a journal file or directory, all boots, in journal order; from the entry at
     cursor `start` on when given.
 
-    Yields (realtime seconds since the epoch, fields): the fields in `exporter.formats.FIELDS` that
+    Yields (realtime seconds since the epoch, fields): the fields in `exporter.core.entries.FIELDS` that
     the entry has, as raw bytes. OSError with the path and the reason when the journal cannot be
     opened or read.
     """

@@ -2,7 +2,7 @@
 
 libsystemd maps journal files; when journald truncates one under a reader (v250–254, or any
 version on a filesystem without hole punching), touching it kills the reading process with SIGBUS
-and no exception (reliability.md §1.2). Only this child dies; the parent keeps what it has and
+and no exception (docs/reliability.md §1.2). Only this child dies; the parent keeps what it has and
 starts a new child that resumes after the last entry it handed over.
 """
 
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 
-from exporter.model import Observation, XidError
+from exporter.core.model import Observation, XidError
 from exporter.sources.journal import Follower, JournalPlace
 from exporter.sources.status import SourceStatus
 

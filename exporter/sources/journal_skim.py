@@ -7,7 +7,7 @@ each slice reader hands over:
 
 - every entry it cannot vouch for (PID 1's, a unit's line without an invocation id, journald's own),
   whole, as `read_journal_file` would;
-- of each unit's lines: any that might match a rule of any engine (exporter.screen, on the raw
+- of each unit's lines: any that might match a rule of any engine (exporter.core.screen, on the raw
   bytes), the first of a new invocation, the first after a silence, the first after PID 1 spoke of
   the unit, the first and last of the slice, and the one just before each of these;
 
@@ -33,12 +33,13 @@ from pathlib import Path
 
 from systemd import journal
 
-from exporter import grammar as grammars
-from exporter.lines import MAX_RECORD, clean_records
-from exporter.model import LogLine
-from exporter.replay import SNIFF, choose_engine, unit_of
-from exporter.screen import Screen
-from exporter.sources.journal import fields_of, to_observations
+from exporter.core import grammar as grammars
+from exporter.core.lines import MAX_RECORD, clean_records
+from exporter.core.model import LogLine
+from exporter.core.replay import SNIFF, choose_engine, unit_of
+from exporter.core.screen import Screen
+from exporter.core.entries import to_observations
+from exporter.sources.journal import fields_of
 from exporter.sources.journal_file import _failed, _open, read_journal_file
 
 Entry = tuple[float, dict[str, bytes]]
@@ -92,7 +93,7 @@ class _Unreliable(Exception):
 @functools.cache
 def _screen() -> Screen:
     """Every rule and settings pattern of every engine: a unit's engine is chosen before the skim."""
-    loaded = [grammars.load(engine) for engine in grammars.ENGINES]
+    loaded = list(grammars.load_all().values())
     return Screen([p for g in loaded for p in (*(r.pattern for r in g.rules), *g.settings)], raw=True)
 
 
@@ -119,7 +120,7 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
     kept = out.entries
     units = {unit: _Line(unit) for unit in set(plan.owners.values()) if not plan.only or unit in plan.only}
     lines = {invocation: units[unit] for invocation, unit in plan.owners.items() if unit in units}
-    pending: list[Candidate] = []  # screened a batch at a time: see _settle
+    pending: list[Candidate] = []  # screened a batch at a time: see _screen_pending
     owners, silence, longest, batch = plan.owners, plan.silence, MAX_RECORD, BATCH
     next_, get, realtime, hold = reader._next, reader._get, reader._get_realtime, pending.append
     start = None
@@ -138,7 +139,7 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
         line = lines.get(invocation)
         if line is None:
             if invocation not in owners:  # not one of the units read line by line
-                _settle(pending, kept)
+                _screen_pending(pending, kept)
                 _whole(reader, t, units, kept)
             continue  # else a unit not asked for
         try:
@@ -148,7 +149,7 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
         # handed over whatever the screen says: a new invocation (or the unit's first line, or the first
         # since PID 1 spoke of it), the first after a silence, and a message longer than a record
         if invocation != line.invocation or t - line.t >= silence or len(message) > longest:
-            _settle(pending, kept)
+            _screen_pending(pending, kept)
             fields = fields_of(reader)
             if fields.get("_SYSTEMD_UNIT") != line.unit:
                 raise _Unreliable(f"invocation {invocation!r} is not only {line.unit!r}'s")
@@ -161,19 +162,19 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
             hold((line, t, invocation, message))
             line.t = t
             if len(pending) == batch:
-                _settle(pending, kept)
-    _settle(pending, kept)
+                _screen_pending(pending, kept)
+    _screen_pending(pending, kept)
     kept += [_entry(line.held) for line in units.values() if line.held is not None]
     return out
 
 
-def _settle(pending: list[Candidate], kept: list[Entry]) -> None:
-    """Screen the candidates (exporter.screen, on the raw bytes): hand over those that might match a
+def _screen_pending(pending: list[Candidate], kept: list[Entry]) -> None:
+    """Screen the candidates (exporter.core.screen, on the raw bytes): hand over those that might match a
     rule of any engine, each after its unit's line held before it; the rest are held in turn.
     Done before anything else is handed over, so that what is handed over stays in order."""
     if not pending:
         return
-    passing = _screen().passing([candidate[3] for candidate in pending])  # their MESSAGEs
+    passing = _screen().which_may_match([candidate[3] for candidate in pending])  # their MESSAGEs
     for at, candidate in enumerate(pending):
         line = candidate[0]
         if at in passing:
@@ -254,8 +255,8 @@ def _raw(reader: journal.Reader, name: str) -> bytes | None:
 
 def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, int]]:
     """Each unit's engine, chosen from its first SNIFF records as replay.Replay chooses it."""
-    loaded = [grammars.load(engine) for engine in grammars.ENGINES]
-    passes = _screen().passes
+    loaded = list(grammars.load_all().values())
+    may_match = _screen().may_match
     chosen = {}
     reader = _open(path)
     try:
@@ -267,7 +268,7 @@ def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, 
             records: list[str] = []
             while len(records) < SNIFF and reader._next():
                 message = _raw(reader, "MESSAGE") or b""
-                if len(message) <= MAX_RECORD and not passes(message):
+                if len(message) <= MAX_RECORD and not may_match(message):
                     # no rule of any engine matches it, and with no \r nor colour it is one record (or
                     # none, blank): it counts towards SNIFF and scores nothing, as in the skim, unread
                     if not _blank(message):

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import psutil
 
-from exporter.model import ProcessSample, ProcessState, frozen_map
+from exporter.core.model import ProcessSample, ProcessState, frozen_map
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

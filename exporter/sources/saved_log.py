@@ -1,4 +1,4 @@
-"""A saved log, a file or stdin: a journal file read natively, or text in any format exporter.formats knows."""
+"""A saved log, a file or stdin: a journal file read natively, or text in any format exporter.core.formats knows."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from exporter import formats
+from exporter.core import formats
 from exporter.sources.journal_file import is_journal_file, read_journal_file
 
 HEAD = 64 * 1024  # bytes looked at to tell the format

@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Callable
 
-from exporter.model import SourceHealth
+from exporter.core.model import SourceHealth
 
 
 class SourceStatus:

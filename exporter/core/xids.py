@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
-from exporter.model import Fault, Gpu, Reason, UnitState, XidError
+from exporter.core.model import Fault, Gpu, Reason, UnitState, XidError, frozen_map
 
 # The kernel line and NVML's event report the same Xid within moments of each other.
 SAME_EVENT = 5.0
@@ -39,3 +39,31 @@ def faults(xid: XidError, states: Iterable[UnitState]) -> list[Fault]:
         for state in states
         if state.last_gpu and state.last_gpu.memory.get(xid.gpu)
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class XidTally:
+    """Every Xid event counted once, per (GPU, Xid); and the recent ones, to know the other report of each."""
+
+    counts: Mapping[tuple[str, int], int] = field(default_factory=frozen_map)
+    recent: tuple[XidError, ...] = ()
+
+
+def count(
+    tally: XidTally, found: Iterable[XidError], gpus: Iterable[Gpu], states: Iterable[UnitState], now: float
+) -> tuple[XidTally, list[XidError], list[Fault]]:
+    """The tally after these reports, the events that were new, and the faults they are for the units hit."""
+    gpus, states = tuple(gpus), tuple(states)
+    recent = [x for x in tally.recent if now - x.t <= SAME_EVENT]
+    counts = dict(tally.counts)
+    new: list[XidError] = []
+    hits: list[Fault] = []
+    for xid in found:
+        xid = resolve(xid, gpus)
+        if is_repeat(xid, recent):
+            continue
+        recent.append(xid)
+        new.append(xid)
+        counts[(xid.gpu, xid.xid)] = counts.get((xid.gpu, xid.xid), 0) + 1
+        hits += faults(xid, states)
+    return XidTally(frozen_map(counts), tuple(recent)), new, hits

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from exporter import expectations
-from exporter.model import Attempt, Phase, Snapshot, UnitState, UnitView
+from exporter.core import expectations
+from exporter.core.model import Attempt, Phase, Snapshot, UnitState, UnitView
 
 GiB = 2**30
 
@@ -64,7 +64,7 @@ def unit_document(view: UnitView, snap: Snapshot) -> dict[str, Any]:
         "phase": str(state.phase),
         "verdict": str(view.verdict),
         "phase_seconds": round(now - attempt.phase_since, 3) if attempt else None,
-        "startup_seconds": round((attempt.ready_at or attempt.ended or now) - attempt.started, 3) if attempt else None,
+        "startup_seconds": round(attempt.startup_end(now) - attempt.started, 3) if attempt else None,
         "startup_start": iso(attempt.started + wall) if attempt else None,
         "last_log_age_seconds": round(now - state.last_log, 3) if state.last_log is not None else None,
         "failure_reason": str(attempt.reason) if attempt and attempt.reason and attempt.phase is Phase.FAILED else None,
@@ -87,12 +87,10 @@ def timeline(attempt: Attempt, now: float, wall: float | None) -> list[dict[str,
     `wall` turns the attempt's times into wall-clock ones; None when the times are already wall clock.
     """
     offset = wall or 0.0
-    end = attempt.ended if attempt.ended is not None else now
-    spans = []
-    for (phase, start), nxt in zip(attempt.spans, [*attempt.spans[1:], None]):
-        stop = nxt[1] if nxt else (start if phase in (Phase.READY, Phase.FAILED) else end)
-        spans.append({"phase": str(phase), "start": iso(start + offset), "duration_seconds": round(stop - start, 3)})
-    return spans
+    return [
+        {"phase": str(phase), "start": iso(start + offset), "duration_seconds": round(stop - start, 3)}
+        for phase, start, stop in attempt.periods(now)
+    ]
 
 
 def gaps(attempt: Attempt, wall: float | None) -> list[dict[str, Any]]:

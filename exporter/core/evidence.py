@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
-from exporter.model import ProcessSample, ProcessState, Resumed, Signal, UnitState, frozen_map
+from exporter.core.model import ProcessSample, ProcessState, Resumed, Signal, UnitState, frozen_map
 
 
 def dump(states: Iterable[UnitState], boot_id: str) -> str:

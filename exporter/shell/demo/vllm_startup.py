@@ -1,7 +1,7 @@
 """A scripted vLLM V1 (0.11) startup: real-format output driven by a list of steps.
 
-    python -m exporter.demo.vllm_startup SCENARIO.json
-    python -m exporter.demo.vllm_startup --scenario demo
+    python -m exporter.shell.demo.vllm_startup SCENARIO.json
+    python -m exporter.shell.demo.vllm_startup --scenario demo
 
 A scenario is a JSON list of steps, run in order:
 
@@ -485,7 +485,7 @@ def load(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m exporter.demo.vllm_startup", description=__doc__.split("\n")[0]
+        prog="python -m exporter.shell.demo.vllm_startup", description=__doc__.split("\n")[0]
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("file", nargs="?", help="JSON list of steps")

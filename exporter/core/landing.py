@@ -5,8 +5,8 @@ from __future__ import annotations
 from html import escape
 
 from exporter import __version__
-from exporter.model import Attempt, Phase, Snapshot, UnitView
-from exporter.report import duration, status_line
+from exporter.core.model import Attempt, Phase, Snapshot, UnitView
+from exporter.core.report import duration, status_line
 
 # One colour per phase, so that a glance at the bar says where the time went.
 COLOURS = {
@@ -75,13 +75,12 @@ def _unit(view: UnitView, snap: Snapshot) -> str:
 
 
 def _bar(attempt: Attempt, now: float, css: str) -> str:
-    # The bar is the startup: it ends where the start became ready, failed or ended.
-    end = next((t for t in (attempt.ready_at, attempt.ended) if t is not None), now)
+    # The bar is the startup: it ends where the start settled or ended.
+    end = attempt.startup_end(now)
     total = max(end - attempt.started, 1e-9)
     spans = []
-    for (phase, start), nxt in zip(attempt.spans, [*attempt.spans[1:], None]):
-        stop = min(nxt[1] if nxt else end, end)
-        seconds = max(0.0, stop - start)
+    for phase, start, stop in attempt.periods(now):
+        seconds = max(0.0, min(stop, end) - start)
         width = max(seconds / total * 100, 0.4)
         text = f"{phase} {duration(seconds)}"
         spans.append(

@@ -21,12 +21,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.grammar import VALUES
-from exporter.model import STARTUP_ORDER, Histogram, Outcome, Phase, ProcessState, Signal, Snapshot, Verdict
+from exporter.core.grammar import VALUES
+from exporter.core.model import STARTUP_ORDER, Histogram, Outcome, Phase, ProcessState, Signal, Snapshot, Verdict
 
 NS = "llmstartup"
 # The sources sample on their own cadence and a scrape renders their latest snapshot, so that a hung
-# GPU cannot hang a scrape (DESIGN.md); the HELP texts say so, as writing_exporters.md asks.
+# GPU cannot hang a scrape (docs/design.md); the HELP texts say so, as writing_exporters.md asks.
 CACHED = " Sampled by the agent every --sample.interval, not at scrape time."
 
 

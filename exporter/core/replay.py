@@ -1,6 +1,6 @@
 """`replay`: the same core fed from a saved log; each unit's last start as a timeline with its outcome.
 
-Pure: it takes (time, journal-like fields) pairs from exporter.formats or a journal file and folds them
+Pure: it takes (time, journal-like fields) pairs from exporter.core.formats or a journal file and folds them
 through `tracker.advance`, exactly as the agent folds the live journal, minus the process side.
 """
 
@@ -10,9 +10,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter import grammar as grammars
-from exporter.grammar import Grammar
-from exporter.model import (
+from exporter.core import grammar as grammars
+from exporter.core.grammar import Grammar
+from exporter.core.model import (
     STARTUP_ORDER,
     Attempt,
     Lifecycle,
@@ -23,9 +23,9 @@ from exporter.model import (
     Phase,
     UnitState,
 )
-from exporter.report import duration, gaps, size, timeline
-from exporter.sources.journal import to_observations
-from exporter.tracker import advance
+from exporter.core.report import duration, gaps, size, timeline
+from exporter.core.entries import to_observations
+from exporter.core.tracker import advance
 
 Fields = Mapping[str, Any]
 SNIFF = 500  # records of a unit read before its engine is chosen from them
@@ -65,7 +65,7 @@ def choose_engine(records: Iterable[str], candidates: Iterable[Grammar]) -> tupl
     records = list(records)
     raw = [record.encode("utf-8", "surrogatepass") for record in records]
     for grammar in candidates:
-        maybe = grammar.screen.passing(raw)  # one scan of them all rules out most records at once
+        maybe = grammar.screen.which_may_match(raw)  # one scan of them all rules out most records at once
         score = sum(1 for at in maybe if (m := grammars.match(grammar, records[at])) and m.phase is not None)
         if score > best_score:
             best, best_score = grammar.engine, score
@@ -97,7 +97,7 @@ class Replay:
         self.limits = limits
         self.default_unit = default_unit
         self.only = frozenset(only)
-        self.grammars = {e: grammars.load(e) for e in grammars.ENGINES}
+        self.grammars = grammars.load_all()
         self.units: dict[str, _Unit] = {}
         self.t: float | None = None
         self.lines = 0
@@ -177,17 +177,6 @@ def outcome(attempt: Attempt) -> str:
     return str(Outcome.FAILED) if attempt.reason is not None else "incomplete"
 
 
-def last_phase(attempt: Attempt) -> str:
-    reached = [p for p, _ in attempt.spans if p in STARTUP_ORDER]
-    return str(reached[-1]) if reached else str(attempt.phase)
-
-
-def _stopped(attempt: Attempt, end: float) -> float:
-    """When the start stopped being a start: ready, failed, or the end of what the log shows."""
-    marks = [t for phase, t in attempt.spans if phase in (Phase.READY, Phase.FAILED)]
-    return marks[0] if marks else end
-
-
 def document(result: Replayed) -> dict[str, Any]:
     state, attempt = result.state, result.state.attempt
     assert attempt is not None
@@ -203,9 +192,9 @@ def document(result: Replayed) -> dict[str, Any]:
         "engine_version": state.info.get("engine_version"),
         "model": state.info.get("model"),
         "outcome": outcome(attempt),
-        "last_phase": last_phase(attempt),
+        "last_phase": str(attempt.last_startup_phase or attempt.phase),
         "failure_reason": str(attempt.reason) if attempt.reason and outcome(attempt) == "failed" else None,
-        "startup_seconds": round(_stopped(attempt, end) - attempt.started, 3) if result.timed else None,
+        "startup_seconds": round(attempt.startup_end(end) - attempt.started, 3) if result.timed else None,
         "attempts": result.attempts,
         "phases": phases,
         "values": dict(state.values),

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.model import Limits
+from exporter.core.model import Limits
 
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -6,7 +6,7 @@ import hashlib
 import statistics
 from typing import Iterable
 
-from exporter.model import STARTUP_ORDER, Attempt, Expectation, Phase, Span, UnitState, frozen_map
+from exporter.core.model import STARTUP_ORDER, Attempt, Expectation, Phase, Span, UnitState, frozen_map
 
 RECENT = 10  # starts an expectation is learned from: recent enough to follow upgrades
 # A busy process whose phase has run this many times longer than the longest ever seen, with
@@ -29,16 +29,16 @@ def _span(values: list[float]) -> Span | None:
 
 def phase_durations(attempt: Attempt) -> dict[str, float]:
     """How long each startup phase of a finished start took, from its timeline."""
-    marks = list(attempt.spans)
+    # The last period is how the start ended (ready, failed, stopping): not a phase it went through.
     return {
-        str(phase): round(nxt - start, 3)
-        for (phase, start), (_, nxt) in zip(marks, marks[1:])
+        str(phase): round(stop - start, 3)
+        for phase, start, stop in attempt.periods(attempt.started)[:-1]
         if phase in STARTUP_ORDER and phase is not Phase.READY
     }
 
 
 def learn(records: Iterable, fingerprint: str = "", compile_cache: str = "") -> Expectation:  # type: ignore[type-arg]
-    """From the newest-first history records (exporter.history.AttemptRecord) of one unit.
+    """From the newest-first history records (exporter.shell.history.AttemptRecord) of one unit.
 
     Only starts that reached ready teach what a start takes. Those with the same fingerprint are
     preferred when there are any; the compile phase is learned only from starts with the same

@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar
 
-from exporter import grammar as grammars
-from exporter.grammar import Grammar
-from exporter.model import (
+from exporter.core import grammar as grammars
+from exporter.core.grammar import Grammar
+from exporter.core.model import (
     GENERIC_REASONS,
+    SETTLED,
     STARTUP_ORDER,
     Attempt,
     Event,
@@ -81,11 +82,11 @@ def _enter(state: UnitState, phase: Phase, t: float) -> UnitState:
         )
     attempt = attempt.at(phase, t)
     if phase is Phase.READY:  # causes seen on the way no longer explain a later exit
-        state, attempt = _settle(state, evolve(attempt, ready_at=t, reason=None), Outcome.READY, t)
+        state, attempt = _count_outcome(state, evolve(attempt, ready_at=t, reason=None), Outcome.READY, t)
     return evolve(state, attempt=attempt)
 
 
-def _settle(state: UnitState, attempt: Attempt, outcome: Outcome, t: float) -> tuple[UnitState, Attempt]:
+def _count_outcome(state: UnitState, attempt: Attempt, outcome: Outcome, t: float) -> tuple[UnitState, Attempt]:
     """How the start ended, counted once: startups_total and startup_duration_seconds."""
     state = evolve(
         state,
@@ -111,7 +112,7 @@ def _fail(state: UnitState, t: float, reason: Reason) -> UnitState:
     assert attempt.reason is not None
     state = evolve(state, failures=_bump(state.failures, (attempt.phase, attempt.reason)))
     if attempt.outcome is None:
-        state, attempt = _settle(state, attempt, Outcome.FAILED, t)
+        state, attempt = _count_outcome(state, attempt, Outcome.FAILED, t)
     return evolve(state, attempt=attempt.at(Phase.FAILED, t))
 
 
@@ -119,7 +120,7 @@ def _stop(state: UnitState, t: float) -> UnitState:
     attempt = state.attempt
     assert attempt is not None
     if attempt.outcome is None:
-        state, attempt = _settle(state, attempt, Outcome.STOPPED, t)
+        state, attempt = _count_outcome(state, attempt, Outcome.STOPPED, t)
     return evolve(state, attempt=attempt.at(Phase.STOPPING, t))
 
 
@@ -138,9 +139,6 @@ def _end(state: UnitState, t: float, reason: Reason | None = None) -> UnitState:
 
 
 # ---- observations ----
-
-
-SETTLED = frozenset({Phase.READY, Phase.FAILED, Phase.STOPPING})
 
 
 def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> UnitState:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from exporter.model import frozen_map
+from exporter.core.model import frozen_map
 
 logger = logging.getLogger(__name__)
 

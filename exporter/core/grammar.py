@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
-from exporter.model import Phase, Reason, frozen_map
-from exporter.screen import Screen
+from exporter.core.model import Phase, Reason, frozen_map
+from exporter.core.screen import Screen
 
 # Engine-reported values a grammar may extract, with their help text. A rule names one in a group
 # as `<value>__<unit>`, e.g. `(?P<model_weights_bytes__gib>[\d.]+)`; the unit scales it to base units.
@@ -69,7 +69,7 @@ class Grammar:
     settings: tuple[re.Pattern[str], ...] = ()  # the line(s) where the engine prints its settings
 
     @functools.cached_property
-    def bare(self) -> tuple[Match | None, ...]:
+    def fixed_matches(self) -> tuple[Match | None, ...]:
         """For each rule that reads no value, the Match it always gives; None for the others."""
         return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache)
                      for r in self.rules)
@@ -84,10 +84,10 @@ class Grammar:
         head = self.prefix.match(record) if self.prefix else None
         return head.group("msg") if head else record
 
-    def might(self, record: str) -> tuple[int, ...]:
+    def candidates(self, record: str) -> tuple[int, ...]:
         # surrogatepass: a lone surrogate (never from the journal, which is decoded with "replace")
         # becomes non-ASCII bytes, which pass the screen, rather than an error
-        return self.screen.might(record.encode("utf-8", "surrogatepass"))
+        return self.screen.candidates(record.encode("utf-8", "surrogatepass"))
 
 
 def parse(engine: str, text: str) -> Grammar:
@@ -151,6 +151,11 @@ def load(engine: str) -> Grammar:
 ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "ollama", "triton", "generic")
 
 
+def load_all() -> Mapping[str, Grammar]:
+    """Every shipped grammar by engine, in ENGINES order: the one place the grammars are loaded from."""
+    return frozen_map({engine: load(engine) for engine in ENGINES})
+
+
 def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
     """The first rule that matches the record (after the engine's prefix), with its values.
 
@@ -158,9 +163,9 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
     failures and heartbeats are tried. Failures come first in every grammar, so the first match
     among them is the first match among all. Serving a model prints far more lines than starting
     it: this, and the screen that rules out at once every rule whose literals the record lacks
-    (exporter.screen), is what keeps those lines cheap.
+    (exporter.core.screen), is what keeps those lines cheap.
     """
-    candidates = [i for i in grammar.might(record) if i < len(grammar.rules)]
+    candidates = [i for i in grammar.candidates(record) if i < len(grammar.rules)]
     if not candidates:
         return None
     message = grammar.message(record)
@@ -169,8 +174,8 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
         if settled and rule.reason is None and not rule.heartbeat:
             continue
         if found := rule.pattern.search(message):
-            if (bare := grammar.bare[index]) is not None:
-                return bare
+            if (fixed := grammar.fixed_matches[index]) is not None:
+                return fixed
             info, values = {}, {}
             for group, raw in found.groupdict().items():
                 if raw is None:
@@ -189,7 +194,7 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
 def settings(grammar: Grammar, record: str) -> str | None:
     """The engine's settings if this record is where it prints them (after its prefix)."""
     first = len(grammar.rules)
-    candidates = [i - first for i in grammar.might(record) if i >= first]
+    candidates = [i - first for i in grammar.candidates(record) if i >= first]
     if not candidates:
         return None
     message = grammar.message(record)

@@ -8,22 +8,10 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from enum import StrEnum
 from typing import Iterable, Iterator
 
-# The journal fields a replay keeps (those `sources.journal.to_observations` reads, and the
-# identifier a caller maps to a unit when a format has no _SYSTEMD_UNIT); everything else is dropped.
-FIELDS = (
-    "MESSAGE",
-    "_SYSTEMD_UNIT",
-    "_PID",
-    "UNIT",
-    "MESSAGE_ID",
-    "_SYSTEMD_INVOCATION_ID",
-    "INVOCATION_ID",
-    "UNIT_RESULT",
-    "_TRANSPORT",
-    "SYSLOG_IDENTIFIER",
-    "OBJECT_SYSTEMD_UNIT",  # journald's "Suppressed N messages from UNIT" notice names the unit here
-    "N_DROPPED",
-)
+from exporter.core.entries import FIELDS, MessageId
+from exporter.core.lines import ANSI
+
+# The journal fields a replay keeps; everything else is dropped.
 _WANTED = frozenset(FIELDS)
 
 Fields = dict[str, bytes | str]
@@ -50,7 +38,7 @@ MAX_FIELD = 64 * 1024 * 1024  # a binary export field longer than this is taken 
 # date at the edge in a far zone ("0001-01-01T00:00:00+23:59") or a realtime of 30 digits is garbage,
 # read as no time: report.iso raised ValueError on it and `replay` died (found by tests/test_fuzz.py).
 MIN_TIME, MAX_TIME = -62135596800.0 + 86400, 253402300799.0 - 86400
-ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+ANSI_BYTES = re.compile(ANSI.pattern.encode())  # lines.ANSI, for raw bytes
 FIELD_NAME = re.compile(rb"[A-Z_][A-Z0-9_]{0,63}")
 # journalctl's "-- Boot … --", "-- No entries --", "-- Logs begin at … --" lines
 SEPARATOR = re.compile(rb"-- .* --")
@@ -245,40 +233,27 @@ def detect(head: list[bytes]) -> Format:
 
 # --- systemd's own lines in the short formats ---------------------------------------------------
 
-# src/systemd/sd-messages.h, as listed in log-markers.md §9 and appendix B (SYSTEMD_MESSAGE_IDS).
-UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
-UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"
-UNIT_STOPPING = "de5b426a63be47a7b6ac3eaac82e2f6f"
-UNIT_STOPPED = "9d1aaa27d60140bd96365438aad20286"
-UNIT_FAILED = "be02cf6855d2428ba40df7e9d022f03d"
-UNIT_RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"
-UNIT_RESOURCES = "ae8f7b866b0347b9af31fe1c80b127c0"
-UNIT_SUCCESS = "7ad2d189f7e94e70a38c781354912448"
-UNIT_FAILURE_RESULT = "d9b373ed55a64feb8242e02dbe79a49c"
-UNIT_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
-UNIT_OUT_OF_MEMORY = "fe6faa94e7774663a0da52717891d8ef"
-
 _SUFFIXES = "service|socket|target|device|mount|automount|swap|timer|path|slice|scope"
 _UNIT = rf"(?P<unit>[A-Za-z0-9:_.\\@-]+\.(?:{_SUFFIXES}))"
 # Job messages name the unit as "Description", or as "unit - Description" (newer systemd), or as
 # the bare unit name when it has no description; only the latter two tell which unit it was.
 _JOB_TEXTS = (
-    (re.compile(r"Starting (?P<what>.+)\.\.\."), UNIT_STARTING),
-    (re.compile(r"Started (?P<what>.+)\."), UNIT_STARTED),
-    (re.compile(r"Stopping (?P<what>.+)\.\.\."), UNIT_STOPPING),
-    (re.compile(r"Stopped (?P<what>.+)\."), UNIT_STOPPED),
-    (re.compile(r"Failed to start (?P<what>.+)\."), UNIT_FAILED),
+    (re.compile(r"Starting (?P<what>.+)\.\.\."), MessageId.UNIT_STARTING),
+    (re.compile(r"Started (?P<what>.+)\."), MessageId.UNIT_STARTED),
+    (re.compile(r"Stopping (?P<what>.+)\.\.\."), MessageId.UNIT_STOPPING),
+    (re.compile(r"Stopped (?P<what>.+)\."), MessageId.UNIT_STOPPED),
+    (re.compile(r"Failed to start (?P<what>.+)\."), MessageId.UNIT_FAILED),
 )
 _JOB_SUBJECT = re.compile(_UNIT + r"(?: - .*)?")
 # Unit messages are "unit: text" (log_unit_*), always with the unit name.
 _UNIT_TEXTS = (
-    (re.compile(_UNIT + r": [Mm]ain process exited, code=\w+, status=\S+"), UNIT_PROCESS_EXIT),
-    (re.compile(_UNIT + r": Failed with result '(?P<result>[\w-]+)'\."), UNIT_FAILURE_RESULT),
-    (re.compile(_UNIT + r": Scheduled restart job, restart counter is at \d+\."), UNIT_RESTART_SCHEDULED),
-    (re.compile(_UNIT + r" holdoff time over, scheduling restart\."), UNIT_RESTART_SCHEDULED),  # ≤ v235
-    (re.compile(_UNIT + r": Deactivated successfully\."), UNIT_SUCCESS),
-    (re.compile(_UNIT + r": A process of this unit has been killed by the OOM killer\."), UNIT_OUT_OF_MEMORY),
-    (re.compile(_UNIT + r": Consumed .+ CPU time\b.*"), UNIT_RESOURCES),
+    (re.compile(_UNIT + r": [Mm]ain process exited, code=\w+, status=\S+"), MessageId.UNIT_PROCESS_EXIT),
+    (re.compile(_UNIT + r": Failed with result '(?P<result>[\w-]+)'\."), MessageId.UNIT_FAILURE_RESULT),
+    (re.compile(_UNIT + r": Scheduled restart job, restart counter is at \d+\."), MessageId.UNIT_RESTART_SCHEDULED),
+    (re.compile(_UNIT + r" holdoff time over, scheduling restart\."), MessageId.UNIT_RESTART_SCHEDULED),  # ≤ v235
+    (re.compile(_UNIT + r": Deactivated successfully\."), MessageId.UNIT_SUCCESS),
+    (re.compile(_UNIT + r": A process of this unit has been killed by the OOM killer\."), MessageId.UNIT_OUT_OF_MEMORY),
+    (re.compile(_UNIT + r": Consumed .+ CPU time\b.*"), MessageId.UNIT_RESOURCES),
 )
 
 
@@ -286,14 +261,14 @@ def lifecycle_fields(message: str) -> dict[str, str] | None:
     """The MESSAGE_ID (and UNIT, UNIT_RESULT where the text names them) of one of PID 1's unit messages.
 
     For logs that lost the journal fields (the short formats): `Started vllm.service - vLLM.` gives
-    UNIT_STARTED and UNIT=vllm.service; the older `Started vLLM.` gives only the MESSAGE_ID.
+    MessageId.UNIT_STARTED and UNIT=vllm.service; the older `Started vLLM.` gives only the MESSAGE_ID.
     None for any other text.
     """
     message = message.strip()
     for pattern, message_id in _UNIT_TEXTS:
         if found := pattern.fullmatch(message):
             fields = {"MESSAGE_ID": message_id, "UNIT": found["unit"]}
-            if message_id == UNIT_FAILURE_RESULT:
+            if message_id == MessageId.UNIT_FAILURE_RESULT:
                 fields["UNIT_RESULT"] = found["result"]
             return fields
     for pattern, message_id in _JOB_TEXTS:
@@ -573,7 +548,7 @@ def _plain(
 def _plain_time(line: bytes, years: _Years, tz: tzinfo | None) -> float | None:
     head = line[:HEAD]
     if b"\x1b" in head:
-        head = ANSI.sub(b"", head)
+        head = ANSI_BYTES.sub(b"", head)
     for pattern, layout in PLAIN_TIMES:
         if not (found := pattern.match(head)):
             continue

@@ -114,7 +114,7 @@ class Screen:
         self.everything = tuple(range(len(patterns)))
         self.unscreened = tuple(i for i, found in enumerate(literals) if found is None)
 
-    def might(self, data: bytes) -> tuple[int, ...]:
+    def candidates(self, data: bytes) -> tuple[int, ...]:
         """The indices, in order, of the patterns that might match `data`; () when none can."""
         hits = self._set.Match(data)
         if not hits:
@@ -124,12 +124,12 @@ class Screen:
         hits.sort()
         return tuple([hit - 1 for hit in hits])
 
-    def passes(self, data: bytes) -> bool:
+    def may_match(self, data: bytes) -> bool:
         """Whether any pattern might match `data`."""
         return self._set.Match(data) is not None
 
-    def passing(self, texts: Sequence[bytes]) -> set[int]:
-        """The indices of the texts any pattern might match: one scan of them all, where `passes`
+    def which_may_match(self, texts: Sequence[bytes]) -> set[int]:
+        """The indices of the texts any pattern might match: one scan of them all, where `may_match`
         costs a call per text. They are joined with NULs, which no literal of a grammar holds (a
         literal that did would only make a text pass needlessly); after a text passes, the scan
         goes on from the next one's start."""

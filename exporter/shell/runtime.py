@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from exporter import webconfig
-from exporter.agent import Agent
-from exporter.collector import SnapshotCollector
-from exporter.config import Config
-from exporter.history import History, HistoryError
-from exporter.http import Server, make_app, serve
+from exporter.shell import webconfig
+from exporter.shell.agent import Agent, boot_id
+from exporter.shell.collector import SnapshotCollector
+from exporter.core.config import Config
+from exporter.shell.history import History, HistoryError
+from exporter.shell.recorder import HistoryRecorder
+from exporter.shell.http import Server, make_app, serve
 from exporter.sources.gpu import GpuSource
 from exporter.sources.journal import JournalPlace
 from exporter.sources.journal_process import JournalSource
@@ -52,7 +54,9 @@ class Runtime:
             raise StartError(f"--web.config.file {error}") from None
         journal = JournalSource(JournalPlace(config.namespace, config.directory))
         gpu = GpuSource(config.interval) if config.gpu else None
-        agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, _history(config.state_path))
+        history = _history(config.state_path)
+        recorder = HistoryRecorder(history, boot_id(), time.monotonic) if history else None
+        agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, recorder)
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(lambda: agent.snapshot))
         ProcessCollector(namespace="llmstartup_exporter", registry=registry)

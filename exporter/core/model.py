@@ -10,7 +10,7 @@ from typing import TypeVar
 
 
 class Phase(StrEnum):
-    """Startup phases, in the order an attempt passes through them (DESIGN.md)."""
+    """Startup phases, in the order an attempt passes through them (docs/design.md)."""
 
     INACTIVE = "inactive"
     LAUNCHING = "launching"
@@ -31,6 +31,8 @@ class Phase(StrEnum):
 # Phases an attempt moves forward through; a marker never moves an attempt backwards, because
 # the ranks of a tensor-parallel engine print the same markers out of step with each other.
 STARTUP_ORDER: tuple[Phase, ...] = tuple(Phase)[: tuple(Phase).index(Phase.READY) + 1]
+# Phases after which a start is no longer starting: nothing it prints moves it on.
+SETTLED = frozenset({Phase.READY, Phase.FAILED, Phase.STOPPING})
 
 
 class Verdict(StrEnum):
@@ -260,6 +262,31 @@ class Attempt:
         spans = self.spans if same else (*self.spans, (phase, t))
         return evolve(self, phase=phase, phase_since=t, spans=spans)
 
+    @property
+    def settled_at(self) -> float | None:
+        """When the start stopped being a start: it became ready, failed, or was asked to stop; None while
+        it is still starting. The end of `startup_seconds`, of the landing page's bar and of a history row."""
+        return next((t for phase, t in self.spans if phase in SETTLED), None)
+
+    def startup_end(self, now: float) -> float:
+        """Where the start ends for its duration: when it settled, else when its processes ended, else `now`."""
+        return next(t for t in (self.settled_at, self.ended, now) if t is not None)
+
+    @property
+    def last_startup_phase(self) -> Phase | None:
+        """The furthest startup phase the attempt reached (ready included); None before any."""
+        return next((phase for phase, _ in reversed(self.spans) if phase in STARTUP_ORDER), None)
+
+    def periods(self, now: float) -> list[tuple[Phase, float, float]]:
+        """Each phase the attempt entered, from when to when. Ready and failed are instants; the last
+        other phase runs until the attempt ended, or until `now` while it runs."""
+        end = self.ended if self.ended is not None else now
+        out = []
+        for (phase, start), nxt in zip(self.spans, [*self.spans[1:], None]):
+            stop = nxt[1] if nxt else (start if phase in (Phase.READY, Phase.FAILED) else end)
+            out.append((phase, start, stop))
+        return out
+
 
 @dataclass(frozen=True)  # no slots: evolve() copies its __dict__
 class UnitState:
@@ -328,7 +355,7 @@ class Span:
 
 @dataclass(frozen=True, slots=True)
 class Expectation:
-    """What the unit's own past says its start should take (exporter.expectations learns it)."""
+    """What the unit's own past says its start should take (exporter.core.expectations learns it)."""
 
     phases: Mapping[Phase, Span] = field(default_factory=frozen_map)
     startup: Span | None = None

@@ -8,11 +8,12 @@ import sys
 import threading
 from typing import Callable, TextIO
 
-from exporter import grammar
-from exporter.config import Config
-from exporter.demo import sandbox
-from exporter.model import Phase, Snapshot, UnitView
-from exporter.runtime import StartError, run_in_thread
+from exporter.core import grammar
+from exporter.core.config import Config
+from exporter.shell.demo import sandbox
+from exporter.shell.engines import EngineNames
+from exporter.core.model import Phase, Snapshot, UnitView
+from exporter.shell.runtime import StartError, run_in_thread
 from exporter.sources.processes import ProcessSource, find_cgroup2_root
 
 logger = logging.getLogger(__name__)
@@ -29,12 +30,12 @@ def _model_servers() -> list[str]:
         found = ProcessSource(root).list_units()
     except OSError:
         return []
-    grammars = tuple(grammar.load(e) for e in grammar.ENGINES)
-    return [u for u, cmdlines in found.items() if any(grammar.detect(grammars, c) for c in cmdlines)]
+    names = EngineNames((), grammar.load_all())
+    return [u for u, cmdlines in found.items() if names.of(cmdlines)]
 
 
 def run_demo(listen: tuple[str, int]) -> int:
-    from exporter.cli import run_serve
+    from exporter.shell.cli import run_serve
 
     if servers := _model_servers():
         logger.info("this host runs model servers (%s): following them instead of the demo", ", ".join(servers))
@@ -55,7 +56,7 @@ def run_demo(listen: tuple[str, int]) -> int:
         except StartError as error:
             logger.error("%s", error)
             return 1
-        argv = [sys.executable, "-m", "exporter.demo.vllm_startup", "--scenario", "demo"]
+        argv = [sys.executable, "-m", "exporter.shell.demo.vllm_startup", "--scenario", "demo"]
         unit = sandbox.start_unit(journald, UNIT, argv)
         # The live display below shows every transition; the agent's own INFO lines would repeat it.
         logging.getLogger("exporter").setLevel(logging.WARNING)

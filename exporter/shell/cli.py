@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from exporter import __version__
-from exporter.config import STATE_PATH, Config, parse_duration, parse_listen, parse_unit
-from exporter.grammar import ENGINES
+from exporter.core.config import STATE_PATH, Config, parse_duration, parse_listen, parse_unit
+from exporter.core.grammar import ENGINES
 
 logger = logging.getLogger("llmstartup")
 
@@ -148,19 +148,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     if args.command == "demo":
-        from exporter.demo.run import run_demo
+        from exporter.shell.demo.run import run_demo
 
         return run_demo(args.listen)
     if args.command == "replay":
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `replay big.log | head` ends quietly
         return run_replay(args)
     if args.command == "status":
-        from exporter.foreground import run_status
+        from exporter.shell.foreground import run_status
 
         args.unit += args.units
         return _clear_errors(lambda: run_status(config_from(args), args.format, sys.stdout))
     if args.command == "wait":
-        from exporter.foreground import run_wait
+        from exporter.shell.foreground import run_wait
 
         args.unit.append(args.unit_name)
         return _clear_errors(lambda: run_wait(config_from(args), args.timeout, args.heartbeat, sys.stdout))
@@ -168,8 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from exporter import replay
-    from exporter.model import Limits
+    from exporter.core import replay
+    from exporter.core.model import Limits
     from exporter.sources import saved_log
 
     def progress(done: int, total: int) -> None:
@@ -210,7 +210,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def _clear_errors(command: Callable[[], int]) -> int:
-    from exporter.runtime import StartError
+    from exporter.shell.runtime import StartError
 
     try:
         return command()
@@ -223,7 +223,7 @@ def _clear_errors(command: Callable[[], int]) -> int:
 
 def run_serve(config: Config, stop: threading.Event | None = None) -> int:
     """Run the agent until SIGTERM/SIGINT (or `stop`); 0 on a clean stop, 1 when it cannot start."""
-    from exporter.runtime import Runtime, StartError
+    from exporter.shell.runtime import Runtime, StartError
 
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():  # before anything starts: a stop is never lost

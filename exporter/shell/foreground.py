@@ -7,10 +7,10 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from exporter.config import Config
-from exporter.model import Snapshot, UnitView, Verdict
-from exporter.report import duration, status_line, unit_document
-from exporter.runtime import Runtime
+from exporter.core.config import Config
+from exporter.core.model import Snapshot, UnitView, Verdict
+from exporter.core.report import duration, status_line, unit_document
+from exporter.shell.runtime import Runtime
 from exporter.sources.units import unit_exists
 
 # wait's exit codes, as documented in the README
@@ -22,7 +22,7 @@ class NoSuchUnit(Exception):
     pass
 
 
-def _settle(runtime: Runtime, units: list[str], sleep: Callable[[float], None]) -> Snapshot:
+def _first_look(runtime: Runtime, units: list[str], sleep: Callable[[float], None]) -> Snapshot:
     """The units' history is read (Runtime.start warmed the agent up); a second later, once more for rates."""
     journal = runtime.journal
     missing = [u for u in units if not unit_exists(u, runtime.cgroup_root, journal.seen_units)]
@@ -38,7 +38,7 @@ def run_status(
     units = [u for u, _ in config.units]
     runtime = Runtime.start(config, http=False)
     try:
-        snap = _settle(runtime, units, sleep)
+        snap = _first_look(runtime, units, sleep)
     except NoSuchUnit as error:
         err.write(f"llmstartup status: no such unit: {error} (no unit file, no cgroup, no journal lines this boot)\n")
         return NO_SUCH_UNIT
@@ -70,7 +70,7 @@ def run_wait(
     runtime = Runtime.start(config, http=False)
     try:
         try:
-            snap = _settle(runtime, [unit], sleep)
+            snap = _first_look(runtime, [unit], sleep)
         except NoSuchUnit:
             err.write(f"llmstartup wait: no such unit: {unit} (no unit file, no cgroup, no journal lines this boot)\n")
             return NO_SUCH_UNIT

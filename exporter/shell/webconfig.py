@@ -9,7 +9,7 @@ from typing import Any, Mapping, NoReturn
 
 import yaml
 
-from exporter.model import frozen_map
+from exporter.core.model import frozen_map
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                      "RequireAndVerifyClientCert")

@@ -9,7 +9,7 @@ stderr are a stream connected to that instance's `stdout` socket is recorded wit
 as systemd does.
 
     with Journald("llmstartup-demo") as journald:
-        with start_unit(journald, "vllm.service", [sys.executable, "-m", "exporter.demo.vllm_startup",
+        with start_unit(journald, "vllm.service", [sys.executable, "-m", "exporter.shell.demo.vllm_startup",
                                                    "--scenario", "demo"]) as unit:
             ...  # journal.Reader(namespace="llmstartup-demo") sees the unit's lines
 

@@ -26,10 +26,10 @@ from urllib.parse import unquote, urlsplit
 import bcrypt
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from exporter import landing
-from exporter.model import Snapshot
-from exporter.report import unit_document
-from exporter.webconfig import Tls, WebConfig, WebConfigError
+from exporter.core import landing
+from exporter.core.model import Snapshot
+from exporter.core.report import unit_document
+from exporter.shell.webconfig import Tls, WebConfig, WebConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,112 @@
+"""A journal entry (its fields, as the journal or a saved log gives them) as the core's observations; pure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+
+from exporter.core.lines import clean_records, redraw_ages
+from exporter.core.model import Event, Lifecycle, LogLine, Observation, Suppressed, XidError, frozen_map
+
+# The journal fields a replay keeps (those `to_observations` reads, and the
+# identifier a caller maps to a unit when a format has no _SYSTEMD_UNIT); everything else is dropped.
+FIELDS = (
+    "MESSAGE",
+    "_SYSTEMD_UNIT",
+    "_PID",
+    "UNIT",
+    "MESSAGE_ID",
+    "_SYSTEMD_INVOCATION_ID",
+    "INVOCATION_ID",
+    "UNIT_RESULT",
+    "_TRANSPORT",
+    "SYSLOG_IDENTIFIER",
+    "OBJECT_SYSTEMD_UNIT",  # journald's "Suppressed N messages from UNIT" notice names the unit here
+    "N_DROPPED",
+)
+
+
+class MessageId(StrEnum):
+    """The MESSAGE_IDs of PID 1's unit lifecycle lines and journald's own notices (src/systemd/sd-messages.h,
+    docs/log-markers.md §9): their texts differ across systemd versions, their ids do not."""
+
+    UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
+    UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"
+    UNIT_STOPPING = "de5b426a63be47a7b6ac3eaac82e2f6f"
+    UNIT_STOPPED = "9d1aaa27d60140bd96365438aad20286"
+    UNIT_FAILED = "be02cf6855d2428ba40df7e9d022f03d"
+    UNIT_RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"
+    UNIT_RESOURCES = "ae8f7b866b0347b9af31fe1c80b127c0"
+    UNIT_SUCCESS = "7ad2d189f7e94e70a38c781354912448"
+    UNIT_FAILURE_RESULT = "d9b373ed55a64feb8242e02dbe79a49c"
+    UNIT_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
+    UNIT_OUT_OF_MEMORY = "fe6faa94e7774663a0da52717891d8ef"
+    JOURNAL_DROPPED = "a596d6fe7bfa4994828e72309e95d61e"  # journald: "Suppressed N messages from UNIT"
+
+
+# PID 1's unit lifecycle messages (src/systemd/sd-messages.h); text differs across versions, ids do not.
+LIFECYCLE_IDS: Mapping[str, Event] = frozen_map(
+    {
+        MessageId.UNIT_STARTED: Event.STARTED,
+        MessageId.UNIT_PROCESS_EXIT: Event.EXITED,
+        MessageId.UNIT_FAILURE_RESULT: Event.FAILED,
+        MessageId.UNIT_RESTART_SCHEDULED: Event.RESTART_SCHEDULED,
+        MessageId.UNIT_STOPPING: Event.STOPPING,
+        MessageId.UNIT_STOPPED: Event.STOPPED,
+        MessageId.UNIT_SUCCESS: Event.STOPPED,  # "Deactivated successfully."
+        MessageId.UNIT_OUT_OF_MEMORY: Event.OOM_KILLED,
+    }
+)
+EXIT = re.compile(r"Main process exited, code=(\w+), status=(\d+)/(\w+)")
+FAILED_RESULT = re.compile(r"Failed with result '([\w-]+)'")
+XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d{1,6})\b")
+COUNT = re.compile(r"[0-9]{1,12}")  # ASCII digits, bounded: a saved log can hold anything
+
+
+def _text(value: bytes | str | list | None) -> str:  # type: ignore[type-arg]
+    if isinstance(value, list):  # a field given twice: journald keeps both, the first one counts
+        value = value[0] if value else None
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def to_observations(
+    fields: Mapping[str, bytes | str], t: float, units: frozenset[str]
+) -> list[Observation | XidError]:
+    """One journal entry as observations of the watched units or a GPU Xid; [] for anything else.
+
+    `UNIT=` is a field any local user may set, so lifecycle lines are believed only from PID 1,
+    and Xid lines only from the kernel: journald fills in `_PID` and `_TRANSPORT` itself
+    (systemd.journal-fields(7): trusted fields).
+    """
+    transport = _text(fields.get("_TRANSPORT"))
+    if transport == "driver" and _text(fields.get("MESSAGE_ID")) == MessageId.JOURNAL_DROPPED:  # journald's own word
+        unit = _text(fields.get("OBJECT_SYSTEMD_UNIT"))
+        dropped = _text(fields.get("N_DROPPED"))
+        return [Suppressed(t, unit, int(dropped))] if unit in units and COUNT.fullmatch(dropped) else []
+    if transport == "kernel":
+        found = XID.search(_text(fields.get("MESSAGE")))
+        return [XidError(t, found.group(1).lower(), int(found.group(2)), "kernel")] if found else []
+    unit = _text(fields.get("_SYSTEMD_UNIT"))
+    if unit in units:
+        invocation = _text(fields.get("_SYSTEMD_INVOCATION_ID"))
+        message = fields.get("MESSAGE", b"")
+        records = clean_records(message[0] if isinstance(message, list) and message else message or b"")
+        # A \r bar arrives when it ends; date each redraw back to when it was drawn.
+        return [LogLine(t - age, unit, r, invocation) for r, age in zip(records, redraw_ages(records))]
+    subject = _text(fields.get("UNIT"))
+    if subject not in units or _text(fields.get("_PID")) != "1":
+        return []
+    event = LIFECYCLE_IDS.get(_text(fields.get("MESSAGE_ID")))
+    if event is None:
+        return []
+    message = _text(fields.get("MESSAGE"))
+    detail = ""
+    if event is Event.EXITED and (found := EXIT.search(message)):
+        detail = "/".join(found.groups())
+    elif event is Event.FAILED:
+        found = FAILED_RESULT.search(message)
+        detail = _text(fields.get("UNIT_RESULT")) or (found.group(1) if found else "")
+    return [Lifecycle(t, subject, event, detail, _text(fields.get("INVOCATION_ID")))]

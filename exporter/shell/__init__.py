@@ -1,0 +1,1 @@
+"""The shell: the agent's loop, its history, the HTTP server, the command line and the demo; thin."""

@@ -1,0 +1,240 @@
+"""The one impure loop: pull from the sources, advance the core, judge, publish a Snapshot."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Protocol
+
+from exporter.core import expectations, grammar, xids
+from exporter.core.config import Config
+from exporter.core.model import (
+    GpuSample,
+    Observation,
+    ProcessSample,
+    Snapshot,
+    UnitState,
+    UnitView,
+    XidError,
+    evolve,
+    frozen_map,
+)
+from exporter.core.tracker import advance, judge
+from exporter.shell.engines import EngineNames
+from exporter.shell.recorder import HistoryRecorder
+from exporter.sources.gpu import GpuReading, by_unit
+from exporter.sources.status import SourceStatus
+
+logger = logging.getLogger(__name__)
+
+DISCOVER_EVERY = 10.0  # seconds between scans of the cgroup tree for model-server units
+
+
+class JournalFeed(Protocol):
+    """What the agent reads the journal through (exporter.sources.journal_process.JournalSource)."""
+
+    status: SourceStatus
+    cursor: str | None  # the last entry handed over live
+    ready_units: frozenset[str]  # units whose earlier lines (this boot) are all handed over
+    restarts: int
+
+    def watch(self, units: Iterable[str]) -> None: ...
+    def drain(self) -> list[Observation | XidError]: ...
+
+
+class ProcessFeed(Protocol):
+    """What the agent samples the units' processes through (exporter.sources.processes.ProcessSource)."""
+
+    def sample(self, units: Iterable[str], t: float) -> dict[str, ProcessSample]: ...
+    def list_units(self) -> dict[str, tuple[str, ...]]: ...
+    def cmdlines(self, unit: str) -> tuple[str, ...]: ...
+
+
+class GpuFeed(Protocol):
+    """What the agent reads GPU memory and Xid events through (exporter.sources.gpu.GpuSource)."""
+
+    status: SourceStatus
+    latest: GpuReading | None
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        journal: JournalFeed,
+        processes: ProcessFeed,
+        gpu: GpuFeed | None,
+        recorder: HistoryRecorder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.limits = config.limits
+        self.journal, self.processes, self.gpu = journal, processes, gpu
+        self._clock, self._wall = clock, wall
+        self.grammars = grammar.load_all()
+        self.names = EngineNames(config.units, self.grammars)
+        self.states: dict[str, UnitState] = {}
+        self.processes_status = SourceStatus("processes", logger, wall)
+        self._discovered_at: float | None = None
+        self._xids_seen: float | None = None  # the GPU reading whose Xid events are counted
+        self.xid_tally = xids.XidTally()
+        self.recorder = recorder
+        self._resuming = recorder.resumed() if recorder else {}
+        self.snapshot = Snapshot(t=clock(), wall_offset=wall() - clock())
+
+    def tick(self) -> Snapshot:
+        """One round: sample, fold in time order, judge every unit, publish.
+
+        The order is what keeps the fold in time order, and each step says why it comes where it does.
+        """
+        t = self._clock()
+        offset = self._wall() - t
+        if self._discovered_at is None or t - self._discovered_at >= DISCOVER_EVERY:
+            self._discover()
+            self._discovered_at = t
+        units = self.names.units
+        self.journal.watch(units)
+        # 1. Processes before the journal: a line written before the sample is then read this round.
+        samples = self._sample(units, t)
+        # 2. A unit's process side waits until its earlier lines are read, so that the fold stays in
+        #    time order; asked before draining, so that those lines are surely in this round's drain.
+        caught_up = frozenset(units) if self.journal.status.failing else self.journal.ready_units
+        # 3. The journal.
+        observations: list[Observation] = []
+        found: list[XidError] = []
+        for item in self.journal.drain():
+            (found if isinstance(item, XidError) else observations).append(item)
+        # 4. A unit named without its engine: its processes' command lines name it, read as soon as it
+        #    logs, so that even its first lines are folded with its own grammar.
+        unnamed = {o.unit for o in observations if self.names.unknown(o.unit)}
+        self._rename(self.names.found({unit: self.processes.cmdlines(unit) for unit in sorted(unnamed)}))
+        # 5. Process and GPU samples, and what the agent before this one watched, of caught-up units.
+        observations += [s for u, s in samples.items() if u in caught_up]
+        observations += [self._resuming.pop(u) for u in caught_up & self._resuming.keys()]
+        reading = self.gpu.latest if self.gpu else None
+        if reading is not None:
+            observations += self._gpu_samples(reading, samples, caught_up)
+            if reading.t != self._xids_seen:  # each reading's Xid events are counted once
+                self._xids_seen = reading.t
+                found += reading.xids
+        observations += self._count_xids(found, reading)
+        # 6. The fold, in time order.
+        observations.sort(key=lambda o: o.t)
+        for obs in observations:
+            before = self.states.get(obs.unit) or UnitState(obs.unit, self.names.engine(obs.unit))
+            self.states[obs.unit] = advance(before, obs, self.grammars[self.names.engine(obs.unit)], self.limits)
+        if self.recorder:
+            self.recorder.remember(self.states.values(), offset, self.journal.cursor)
+        self.snapshot = self._publish(units, t, offset)
+        return self.snapshot
+
+    def warm_up(self, timeout: float = 10.0) -> Snapshot:
+        """Tick until the watched units' earlier lines are read, so that the first snapshot anyone
+        sees after a (re)start already shows where each unit is, rather than nothing."""
+        deadline = self._clock() + timeout
+        self.tick()
+        while (
+            not set(self.names.units) <= self.journal.ready_units
+            and not self.journal.status.failing
+            and self._clock() < deadline
+        ):
+            time.sleep(0.05)
+            self.tick()
+        return self.tick()  # once more: the process side of units whose history just arrived
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick every sample interval until `stop` is set; a failing tick is logged, not fatal."""
+        while not stop.is_set():
+            started = self._clock()
+            try:
+                self.tick()
+            except Exception:  # the one broad catch: a bug in one round must not end the agent
+                logger.exception("agent round failed")
+            stop.wait(max(0.0, self.config.interval - (self._clock() - started)))
+
+    def _discover(self) -> None:
+        try:
+            found = self.processes.list_units()
+        except OSError as error:
+            self.processes_status.down(str(error))
+            return
+        self._rename(self.names.found(found))
+
+    def _rename(self, named: Mapping[str, str]) -> None:
+        """A unit published before its engine was known takes its engine's label."""
+        for unit, engine in named.items():
+            if unit in self.states:
+                self.states[unit] = evolve(self.states[unit], engine=engine)
+
+    def _sample(self, units: Iterable[str], t: float) -> dict[str, ProcessSample]:
+        try:
+            samples = self.processes.sample(units, t)
+        except OSError as error:
+            self.processes_status.down(str(error))
+            return {}
+        self.processes_status.ok()
+        return samples
+
+    def _gpu_samples(
+        self, reading: GpuReading, samples: Mapping[str, ProcessSample], caught_up: frozenset[str]
+    ) -> list[GpuSample]:
+        """Each reading, folded once per unit: also into a unit whose history was read after it came."""
+        ids = {u: s.ids for u, s in samples.items() if u in caught_up and self._gpu_behind(u, reading)}
+        return [GpuSample(reading.t, u, frozen_map(m)) for u, m in by_unit(reading, ids).items()]
+
+    def _gpu_behind(self, unit: str, reading: GpuReading) -> bool:
+        state = self.states.get(unit)
+        return state is None or state.last_gpu is None or state.last_gpu.t < reading.t
+
+    def _count_xids(self, found: list[XidError], reading: GpuReading | None) -> list[Observation]:
+        devices = reading.devices if reading else ()
+        self.xid_tally, new, faults = xids.count(self.xid_tally, found, devices, self.states.values(), self._clock())
+        for xid in new:
+            logger.warning("gpu=%s xid=%d source=%s", xid.gpu, xid.xid, xid.source)
+        return list(faults)
+
+    def _publish(self, units: list[str], t: float, offset: float) -> Snapshot:
+        before = {view.state.unit: view for view in self.snapshot.units}
+        views = []
+        for unit in units:
+            state = self.states.setdefault(unit, UnitState(unit, self.names.engine(unit)))
+            expected = self.recorder.expected(state) if self.recorder else None
+            ceiling = expectations.ceiling(expected, state.phase)
+            view = UnitView(state, judge(state, t, self.limits, ceiling), expected)
+            old = before.get(unit)
+            if old is None or old.state.phase is not state.phase or old.verdict is not view.verdict:
+                logger.info("unit=%s phase=%s verdict=%s", unit, state.phase, view.verdict)
+            views.append(view)
+        sources = {"journal": self.journal.status.health, "processes": self.processes_status.health}
+        if self.gpu:
+            sources["gpu"] = self.gpu.status.health
+        now = t + offset
+        # A source whose last success is stale is down, even if its thread is stuck inside a call
+        # that has not failed yet (an NVML call can block for minutes).
+        sources = {
+            name: h if h.last_success is None or now - h.last_success <= self.limits.stale else replace(h, up=False)
+            for name, h in sources.items()
+        }
+        reading = self.gpu.latest if self.gpu else None
+        return Snapshot(
+            t=t,
+            wall_offset=offset,
+            units=tuple(views),
+            sources=frozen_map(sources),
+            gpus=reading.devices if reading else (),
+            xid_errors=self.xid_tally.counts,
+            stale_after=self.limits.stale,
+            journal_reader_restarts=self.journal.restarts,
+        )
+
+
+def boot_id() -> str:
+    """This boot's id: with a monotonic start time, it names one start of a unit for good."""
+    try:
+        return open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        return ""

@@ -1,0 +1,81 @@
+"""The agent's memory across restarts: finished starts into the history, what it teaches, what was watched."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from exporter.core import evidence, expectations
+from exporter.core.model import Attempt, Expectation, Phase, Resumed, UnitState, frozen_map
+from exporter.shell.history import AttemptRecord, History
+
+logger = logging.getLogger(__name__)
+
+# How often what the agent watched is saved for the agent after it: the gap a successor judges
+# across is at most this much longer than the time it was down.
+EVIDENCE_EVERY = 5.0
+
+
+class HistoryRecorder:
+    """Puts each start that reached an outcome into the history once, and keeps what the history expects."""
+
+    def __init__(self, history: History, boot_id: str, clock: Callable[[], float]) -> None:
+        self.history = history
+        self._boot_id = boot_id
+        self._clock = clock
+        self._recorded: set[tuple[str, float]] = set()
+        self._expectations: dict[str, tuple[tuple[str, str], Expectation]] = {}  # unit → (key, expectation)
+        self._saved_cursor: str | None = None
+        self._saved_evidence_at = float("-inf")
+
+    def resumed(self) -> dict[str, Resumed]:
+        """What the agent before this one watched of the starts still running (this boot's only)."""
+        return evidence.load(self.history.evidence(), self._boot_id)
+
+    def remember(self, states: Iterable[UnitState], offset: float, cursor: str | None) -> None:
+        """Store every start that has an outcome, once; save the evidence and the journal cursor."""
+        states = tuple(states)
+        for state in states:
+            for attempt in (state.previous, state.attempt):
+                if attempt is None or attempt.outcome is None or (state.unit, attempt.started) in self._recorded:
+                    continue
+                self._recorded.add((state.unit, attempt.started))
+                self.history.record(self._record(state, attempt, offset))
+                self._expectations.pop(state.unit, None)
+        now = self._clock()
+        if now - self._saved_evidence_at >= EVIDENCE_EVERY:
+            self.history.save_evidence(evidence.dump(states, self._boot_id))
+            self._saved_evidence_at = now
+        if cursor and cursor != self._saved_cursor:
+            self.history.save_cursor(cursor)
+            self._saved_cursor = cursor
+
+    def expected(self, state: UnitState) -> Expectation:
+        """What this unit's history expects of its current start (learned again when that changes)."""
+        attempt = state.attempt
+        key = (expectations.attempt_fingerprint(state, attempt), attempt.compile_cache) if attempt else ("", "")
+        known = self._expectations.get(state.unit)
+        if known is None or known[0] != key:
+            known = (key, expectations.learn(self.history.recent(state.unit), *key))
+            self._expectations[state.unit] = known
+        return known[1]
+
+    def _record(self, state: UnitState, attempt: Attempt, offset: float) -> AttemptRecord:
+        settled = attempt.settled_at
+        failed = attempt.phase is Phase.FAILED
+        return AttemptRecord(
+            unit=state.unit,
+            boot_id=self._boot_id,
+            started_monotonic=attempt.started,
+            started=attempt.started + offset,
+            ended=settled + offset if settled is not None else None,
+            outcome=str(attempt.outcome),
+            engine=state.engine,
+            engine_version=state.info.get("engine_version", ""),
+            model=state.info.get("model", ""),
+            fingerprint=expectations.attempt_fingerprint(state, attempt),
+            compile_cache=attempt.compile_cache,
+            failure_phase=str(attempt.last_startup_phase) if failed else None,
+            failure_reason=str(attempt.reason) if failed and attempt.reason else None,
+            phases=frozen_map(expectations.phase_durations(attempt)),
+        )

@@ -1,0 +1,184 @@
+"""The agent's round (`Agent.tick`) driven by fake sources and a fake clock: what it folds, in what order."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import pytest
+
+from exporter.core.config import Config
+from exporter.core.model import Gpu, LogLine, Phase, ProcessSample, Reason, Verdict, XidError
+from exporter.shell.agent import Agent
+from exporter.shell.history import History
+from exporter.shell.recorder import HistoryRecorder
+from exporter.sources.gpu import GpuReading
+from exporter.sources.status import SourceStatus
+
+U = "llm.service"
+LOG = logging.getLogger("test")
+CONFIG = Config(units=((U, None),), interval=1.0, silence=10.0, stall=30.0, gpu=True)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeJournal:
+    """Hands over what the test queues; a unit's earlier lines are 'read' once the test says so."""
+
+    def __init__(self) -> None:
+        self.status = SourceStatus("journal", LOG, lambda: 0.0)
+        self.status.ok()
+        self.cursor: str | None = None
+        self.ready_units: frozenset[str] = frozenset()
+        self.restarts = 0
+        self.queued: list = []
+
+    def watch(self, units: Iterable[str]) -> None:
+        pass
+
+    def drain(self) -> list:
+        out, self.queued = self.queued, []
+        return out
+
+
+class FakeProcesses:
+    """One unit's processes: their command lines and their CPU, which the test turns."""
+
+    def __init__(self, cmdline: str = "python -m vllm.entrypoints.openai.api_server") -> None:
+        self.cmdline = cmdline
+        self.pids: frozenset[tuple[int, float]] = frozenset({(42, 999.0)})
+        self.cpu = 0.0
+        self.sampled: list[float] = []
+
+    def sample(self, units: Iterable[str], t: float) -> dict[str, ProcessSample]:
+        self.sampled.append(t)
+        return {u: ProcessSample(t, u, self.pids, self.cpu, 0, 0, 0, started_at=999.0) for u in units}
+
+    def list_units(self) -> dict[str, tuple[str, ...]]:
+        return {U: (self.cmdline,), "sshd.service": ("/usr/sbin/sshd -D",)} if self.pids else {}
+
+    def cmdlines(self, unit: str) -> tuple[str, ...]:
+        return (self.cmdline,) if unit == U and self.pids else ()
+
+
+class FakeGpu:
+    def __init__(self) -> None:
+        self.status = SourceStatus("gpu", LOG, lambda: 0.0)
+        self.status.ok()
+        self.latest: GpuReading | None = None
+
+
+def agent(config: Config = CONFIG, processes: FakeProcesses | None = None, recorder=None):
+    clock = Clock()
+    journal, procs, gpu = FakeJournal(), processes or FakeProcesses(), FakeGpu()
+    return Agent(config, journal, procs, gpu, recorder, clock=clock, wall=lambda: clock.t + 1.7e9), clock
+
+
+def view(snapshot, unit: str = U):
+    return next(v for v in snapshot.units if v.state.unit == unit)
+
+
+def test_a_unit_is_followed_from_its_lines_to_silence_to_a_stall() -> None:
+    a, clock = agent()
+    a.journal.ready_units = frozenset({U})
+    a.journal.queued = [LogLine(clock.t, U, "INFO 10-21 09:12:04 [api_server.py:1839] vLLM API server version 0.11.0")]
+    assert (view(a.tick()).state.phase, view(a.snapshot).verdict) == (Phase.LAUNCHING, Verdict.PROGRESSING)
+    verdicts = []
+    for _ in range(20):  # silent, but the CPU turns: silent work
+        clock.t += 2
+        a.processes.cpu += 1.0
+        verdicts.append(view(a.tick()).verdict)
+    assert verdicts[-1] is Verdict.SILENT_PROGRESS
+    for _ in range(20):  # nothing moves for longer than the stall threshold
+        clock.t += 2
+        verdicts.append(view(a.tick()).verdict)
+    assert verdicts[-1] is Verdict.STALLED
+    first = {v: verdicts.index(v) for v in verdicts}
+    assert first[Verdict.PROGRESSING] < first[Verdict.SILENT_PROGRESS] < first[Verdict.STALLED]
+
+
+def test_the_process_side_waits_until_the_units_earlier_lines_are_read() -> None:
+    a, clock = agent()
+    for _ in range(30):  # longer than the stall threshold, history still being read
+        clock.t += 2
+        snapshot = a.tick()
+    assert view(snapshot).state.last_process is None
+    assert view(snapshot).verdict is Verdict.INACTIVE  # nothing folded: never a stall from a half-read past
+    a.journal.ready_units = frozenset({U})
+    clock.t += 2
+    assert view(a.tick()).state.last_process is not None
+
+
+def test_lines_and_samples_are_folded_in_time_order() -> None:
+    a, clock = agent()
+    a.journal.ready_units = frozenset({U})
+    clock.t += 5
+    # the line was written before this round's sample: it must be folded first, or the sample would
+    # begin an attempt that the line's invocation then replaces
+    a.journal.queued = [LogLine(clock.t - 1, U, "Started engine process with PID 7", "inv-1")]
+    state = view(a.tick()).state
+    assert state.attempt is not None and state.attempt.started == clock.t - 1
+    assert state.attempt.invocation == "inv-1"
+
+
+@pytest.mark.parametrize(
+    ("named", "cmdline", "line", "engine", "phase"),
+    [
+        pytest.param(((U, None),), "python3 -m sglang.launch_server --model-path m", "Load weight begin. avail mem=70.00 GB",
+                     "sglang", Phase.DOWNLOADING, id="named without engine: its command line tells"),
+        pytest.param(((U, "tgi"),), "python3 -m sglang.launch_server --model-path m", "Starting shard rank=0",
+                     "tgi", Phase.LOADING_WEIGHTS, id="named with engine: the flag wins"),
+        pytest.param((), "/usr/bin/llama-server -m /models/m.gguf", "main: server is listening on http://0.0.0.0:8080 - starting the main loop",
+                     "llamacpp", Phase.READY, id="not named: discovered from its command line"),
+    ],
+)
+def test_each_unit_is_read_with_its_engines_grammar(named, cmdline, line, engine, phase) -> None:
+    a, clock = agent(Config(units=named, interval=1.0), FakeProcesses(cmdline))
+    a.journal.ready_units = frozenset({U})
+    a.journal.queued = [LogLine(clock.t, U, line)]
+    state = view(a.tick()).state
+    assert (state.engine, state.phase) == (engine, phase)
+    assert [v.state.unit for v in a.snapshot.units] == [U]  # sshd is no model server
+
+
+def test_an_xid_seen_by_the_kernel_and_by_nvml_counts_once_and_fails_the_start_it_hits() -> None:
+    a, clock = agent()
+    a.journal.ready_units = frozenset({U})
+    a.journal.queued = [LogLine(clock.t, U, "vLLM API server version 0.11.0")]
+    a.gpu.latest = GpuReading(clock.t, (Gpu("0", "GPU-0", "H200", "00000000:3B:00.0"),), {42: {"0": 40 * 2**30}})
+    a.tick()
+    clock.t += 1
+    a.journal.queued = [XidError(clock.t, "0000:3b:00", 79, "kernel")]
+    a.gpu.latest = GpuReading(clock.t, a.gpu.latest.devices, a.gpu.latest.usage,
+                              xids=(XidError(clock.t + 0.5, "0", 79, "nvml"),))
+    assert a.tick().xid_errors == {("0", 79): 1}
+    clock.t += 10
+    a.tick()  # the same reading again, later than any repeat would be: its events are not counted twice
+    a.processes.pids = frozenset()  # the start dies
+    clock.t += 1
+    state = view(a.tick()).state
+    assert a.snapshot.xid_errors == {("0", 79): 1}
+    assert (state.phase, state.attempt.reason) == (Phase.FAILED, Reason.GPU_XID)
+
+
+def test_a_finished_start_is_stored_once_whatever_the_rounds(tmp_path) -> None:
+    history = History(tmp_path / "history.db")
+    clock_box: list[Clock] = []
+    recorder = HistoryRecorder(history, "boot-1", lambda: clock_box[0].t)
+    a, clock = agent(recorder=recorder)
+    clock_box.append(clock)
+    a.journal.ready_units = frozenset({U})
+    a.journal.queued = [LogLine(clock.t, U, "vLLM API server version 0.11.0"),
+                        LogLine(clock.t + 5, U, "Application startup complete.")]
+    for _ in range(5):
+        clock.t += 10
+        a.tick()
+    [record] = history.recent(U)
+    assert (record.outcome, record.boot_id, record.ended - record.started) == ("ready", "boot-1", pytest.approx(5))
+    assert view(a.snapshot).expected.startup.typical == pytest.approx(5)
