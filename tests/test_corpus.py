@@ -1,0 +1,128 @@
+"""The corpus (tests/corpus/): startup logs shaped as users really pasted them, each read right by `replay`.
+
+One test reads every case and fails on any miss, listing each one, so that a grammar change that fixes
+one case and breaks another shows; the rate is printed at the end of every run (conftest.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.core import formats
+from exporter.shell import cli
+
+CORPUS = Path(__file__).parent / "corpus"
+ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "ollama", "triton")
+OUTCOMES = ("ready", "failed", "stopped", "incomplete")
+
+
+@dataclass(frozen=True)
+class Case:
+    log: Path
+    expected: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return f"{self.log.parent.name}/{self.log.stem}"
+
+
+def cases() -> list[Case]:
+    return [Case(toml.with_suffix(".log"), tomllib.loads(toml.read_text())) for toml in sorted(CORPUS.glob("*/*.toml"))]
+
+
+def _accepted(value: str | list[str] | None) -> set[str | None]:
+    return set(value) if isinstance(value, list) else {value}
+
+
+def _replay(case: Case) -> tuple[int, list[dict[str, Any]], str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["replay", str(case.log), "--format", "json", *case.expected.get("args", [])])
+    docs = json.loads(out.getvalue()) if code == 0 else []
+    return code, docs if isinstance(docs, list) else [docs], err.getvalue()
+
+
+def _span(case: Case) -> tuple[float, float] | None:
+    """The first and last time the log's own lines carry, as the format readers see them."""
+    lines = case.log.read_bytes().splitlines(keepends=True)
+    fmt = formats.detect(lines[:50])
+    year = int(case.expected.get("args", ["--year", "2025"])[1]) if "--year" in case.expected.get("args", []) else 2025
+    times = [t for t, _ in formats.entries(lines, fmt, year=year) if t is not None]
+    return (min(times), max(times)) if times else None
+
+
+def misses(case: Case) -> list[str]:
+    """What `replay` got wrong about the case; [] when it read it right."""
+    expected = case.expected
+    code, docs, err = _replay(case)
+    if code != 0:
+        return [f"exit {code}: {err.strip()[-200:]}"]
+    wanted = expected.get("unit")
+    docs = [d for d in docs if d["unit"] == wanted] if wanted else docs
+    if len(docs) != 1:
+        return [f"{len(docs)} documents for {wanted or 'the log'}, not one"]
+    [doc] = docs
+    found = []
+    for key, accepted in (
+        ("engine", _accepted(expected["engine"])),
+        ("outcome", _accepted(expected["outcome"])),
+        ("last_phase", _accepted(expected["last_phase"])),
+        ("failure_reason", _accepted(expected.get("failure_reason"))),
+    ):
+        if doc[key] not in accepted:
+            found.append(f"{key} {doc[key]!r}, expected {' or '.join(map(repr, sorted(accepted, key=str)))}")
+    durations = [doc["startup_seconds"], *(p["duration_seconds"] for p in doc["phases"]),
+                 *(g["duration_seconds"] for g in doc["silent_gaps"])]
+    span = _span(case)
+    if span is None:
+        if any(d is not None for d in durations):
+            found.append(f"durations {durations} from a log without times")
+    elif any(d is None or not 0 <= d <= span[1] - span[0] + 1 for d in durations):
+        found.append(f"durations {durations} outside the log's own span of {span[1] - span[0]:.0f} s")
+    return found
+
+
+def test_the_corpus_is_well_formed():
+    all_cases = cases()
+    assert len(all_cases) >= 80
+    assert len({c.expected["source"] for c in all_cases}) >= 60
+    for case in all_cases:
+        e = case.expected
+        assert case.log.is_file(), case.name
+        assert e["source"].startswith("https://"), case.name
+        assert e["engine"] == case.log.parent.name and e["engine"] in ENGINES, case.name
+        assert e["outcome"] in OUTCOMES, case.name
+        assert ("failure_reason" in e) == (e["outcome"] == "failed"), case.name
+        assert e.get("why"), case.name
+    assert {c.log.parent.name for c in all_cases} == set(ENGINES)
+
+
+class _Rate:
+    """Prints the corpus rate at the end of the run, pass or fail."""
+
+    def __init__(self, right: int, total: int) -> None:
+        self.right, self.total = right, total
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        terminalreporter.write_line(
+            f"corpus: {self.right} of {self.total} real-world startup logs read right "
+            f"({self.right / self.total:.0%}), tests/corpus/"
+        )
+
+
+def test_every_case_is_read_right(request):
+    results = {case.name: misses(case) for case in cases()}
+    wrong = {name: found for name, found in results.items() if found}
+    request.config.pluginmanager.register(_Rate(len(results) - len(wrong), len(results)), "corpus-rate")
+    assert not wrong, f"{len(wrong)} of {len(results)} corpus cases misread:\n" + "\n".join(
+        f"  {name}: {'; '.join(found)}" for name, found in sorted(wrong.items())
+    )
+
