@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import signal
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from exporter.core import formats
 from exporter.shell import cli
@@ -43,9 +42,15 @@ def _accepted(value: str | list[str] | None) -> set[str | None]:
 
 
 def _replay(case: Case) -> tuple[int, list[dict[str, Any]], str]:
+    """`llmstartup replay CASE --format json`, in this process (the command sets SIGPIPE back to its
+    default, which a test process must not keep)."""
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(["replay", str(case.log), "--format", "json", *case.expected.get("args", [])])
+    sigpipe = signal.getsignal(signal.SIGPIPE)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(["replay", str(case.log), "--format", "json", *case.expected.get("args", [])])
+    finally:
+        signal.signal(signal.SIGPIPE, sigpipe)
     docs = json.loads(out.getvalue()) if code == 0 else []
     return code, docs if isinstance(docs, list) else [docs], err.getvalue()
 

@@ -137,9 +137,13 @@ def test_line(case: Case) -> None:
 
 
 def _winner(rules: Grammar, record: str) -> int | None:
-    """Index of the rule that decides the record: the first one that matches it."""
+    """Index of the rule that decides the record: the first one that matches it (a benign rule matches,
+    and decides, by reading nothing)."""
     for index, rule in enumerate(rules.rules):
-        if grammar.match(dataclasses.replace(rules, rules=(rule,)), record) is not None:
+        if rule.benign:
+            if rule.pattern.search(record if rule.whole else rules.message(record)):
+                return index
+        elif grammar.match(dataclasses.replace(rules, rules=(rule,)), record) is not None:
             return index
     return None
 
@@ -148,7 +152,8 @@ def _winner(rules: Grammar, record: str) -> int | None:
 def test_every_rule_decides_some_fixture_line(engine: str) -> None:
     rules = GRAMMARS[engine]
     used = {_winner(rules, _record(case)) for case in ALL if case.engine == engine}
-    dead = [rule.pattern.pattern for index, rule in enumerate(rules.rules) if index not in used]
+    # the grammar's own rules; the rules of an engine it embeds come after them, and are its engine's to test
+    dead = [rule.pattern.pattern for index, rule in enumerate(rules.rules[: rules.own]) if index not in used]
     assert not dead, f"rules no fixture line reaches (dead or shadowed): {dead}"
 
 

@@ -152,3 +152,112 @@ def test_binary_garbage_does_not_crash(tmp_path):
     done = replay(str(garbage))
     assert done.returncode == 1
     assert "Traceback" not in done.stderr.decode()
+
+
+# ---- the world's shapes (tests/corpus has them whole): each rule of replay, alone, in the pure core ----
+
+
+def replayed(text: str, unit: str = "pasted.service", year: int = 2025) -> list[dict]:
+    """The documents `replay --format json` gives for this text, through the pure core."""
+    from exporter.core import formats
+    from exporter.core.model import Limits
+    from exporter.core.replay import Replay, document
+
+    lines = text.encode().splitlines(keepends=True)
+    run = Replay(None, Limits(silence=60.0))
+    run.feed(formats.entries(lines, formats.detect(lines[:50]), unit=unit, year=year))
+    return [document(r) for r in run.results()]
+
+
+VLLM_OOM_TAIL = """\
+(VllmWorker rank=5 pid=3073)   File "/opt/venv/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", line 1167, in load_model
+(VllmWorker rank=5 pid=3073)     self.model = get_model(vllm_config=self.vllm_config)
+(VllmWorker rank=5 pid=3073) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.02 GiB.
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        pytest.param(VLLM_OOM_TAIL, {"engine": "vllm", "outcome": "failed", "failure_reason": "cuda_oom",
+                                     "last_phase": "loading_weights", "from_start": False},
+                     id="a traceback's tail: a start already under way, failed where its frames say"),
+        pytest.param("Jun 09 10:29:22 gpu-1 llama-server[1020589]: main: server is listening on http://0.0.0.0:8080 - starting the main loop\n",
+                     {"unit": "llama-server.service", "engine": "llamacpp", "outcome": "ready"},
+                     id="journalctl's syslog identifier names the unit and the engine"),
+        pytest.param('llm-api-ollama  | time=2024-05-01T10:00:00.000Z level=INFO source=routes.go:1054 msg="Listening on [::]:11434 (version 0.1.41)"\n',
+                     {"unit": "llm-api-ollama.service", "engine": "ollama", "outcome": "ready", "engine_version": "0.1.41"},
+                     id="a docker compose service is the unit"),
+        pytest.param("авг 18 14:15:04 llm python3[28059]: (APIServer pid=27876) INFO 08-18 14:15:04 [api_server.py:592] Supported tasks: ['generate']\n",
+                     {"engine": "vllm", "last_phase": "starting_api"},
+                     id="journalctl in a Russian locale"),
+        pytest.param("gpu-1:2514:2702 [0] ras/client_support.cc:105 NCCL WARN Call to bind failed: Address already in use\n"
+                     "INFO 05-06 08:12:25 [parallel_state.py:1004] rank 0 in world size 2 is assigned as DP rank 0\n",
+                     {"outcome": "incomplete", "failure_reason": None, "last_phase": "initializing_distributed"},
+                     id="NCCL's warning is no failure, and the start that hangs after it is incomplete"),
+        pytest.param("$ ./llama-server -m m.gguf\nllama_model_loader: loaded meta data with 25 key-value pairs and 579 tensors from m.gguf\n$\n",
+                     {"outcome": "failed", "failure_reason": "exited", "from_start": True},
+                     id="a pasted terminal: the prompt came back mid-load"),
+        pytest.param("INFO 07-16 05:15:18 [gpu_model_runner.py:2] Graph capturing finished in **17 secs**, took **0.55** GiB\n",
+                     {"values": {"engine_graph_capture_seconds": 17.0, "graph_memory_bytes": 0.55 * 2**30}},
+                     id="markdown around the numbers"),
+    ],
+)
+def test_pasted_shapes(text, want):
+    [doc] = replayed(text)
+    assert {key: doc[key] for key in want} == want
+
+
+def test_lines_without_a_time_take_their_neighbours():
+    text = ("```\n"  # before any time: the first line that has one
+            "INFO 03-27 10:29:00 [api_server.py:1] vLLM API server version 0.8.5\n"
+            "INFO:     Started server process [7]\n"  # uvicorn's lines carry none: the last time before them
+            "INFO 03-27 10:29:10 [launcher.py:28] Available routes are:\n"
+            "INFO:     Application startup complete.\n")
+    [doc] = replayed(text)
+    assert doc["outcome"] == "ready"
+    assert doc["startup_seconds"] == 10.0
+    assert [(p["phase"], p["duration_seconds"]) for p in doc["phases"]] == [
+        ("launching", 0.0), ("starting_api", 10.0), ("ready", 0.0)]
+
+
+def test_a_log_without_any_time_has_no_durations():
+    [doc] = replayed("Loading safetensors checkpoint shards: 100% Completed | 5/5\nINFO:     Application startup complete.\n")
+    assert doc["startup_seconds"] is None
+    assert {p["duration_seconds"] for p in doc["phases"]} == {None}
+
+
+def test_a_bar_dated_back_does_not_start_before_the_log():
+    # the redraws of a \r bar are dated back by their elapsed field: never before the log's first line
+    text = ("INFO 03-27 10:29:00 [weight_utils.py:1] Using model weights format ['*.safetensors']\n"
+            "Loading safetensors checkpoint shards:  50% Completed | 1/2 [05:00<05:00]\r"
+            "Loading safetensors checkpoint shards: 100% Completed | 2/2 [10:00<00:00]\n"
+            "INFO 03-27 10:29:02 [gpu_model_runner.py:1] Model loading took 1.00 GiB and 2.0 seconds\n")
+    [doc] = replayed(text)
+    assert all(p["start"] >= "2025-03-27" for p in doc["phases"])
+    assert doc["startup_seconds"] <= 2.0
+
+
+@pytest.mark.parametrize(
+    ("records", "names", "engine"),
+    [
+        pytest.param(["llm_load_tensors: offloaded 33/33 layers to GPU"] * 3, [], "llamacpp",
+                     id="llama.cpp's lines, unnamed: llama.cpp"),
+        pytest.param(["llm_load_tensors: offloaded 33/33 layers to GPU"] * 3, ["ollama"], "ollama",
+                     id="the same lines under an ollama identifier: Ollama, which runs llama.cpp"),
+        pytest.param(["Error: listen tcp 0.0.0.0:11434: bind: address already in use"], [], "ollama",
+                     id="a line only Ollama prints"),
+        pytest.param(["INFO:     Application startup complete."], [], "vllm", id="uvicorn alone: the first engine"),
+        pytest.param(["INFO:     Application startup complete.", "llama_print_timings:        load time =    1491.98 ms"], [],
+                     "llamacpp", id="uvicorn and a llama.cpp mention"),
+        pytest.param(["INFO 11-15 02:58:48 llm_engine.py:205] # GPU blocks: 2361, # CPU blocks: 512",
+                      "I1115 02:58:49.477216 1 pb_stub.cc:325] Failed to initialize Python stub"], [], "triton",
+                     id="vLLM as a Triton backend: Triton"),
+        pytest.param(["nothing a model server says"], [], "generic", id="no evidence at all"),
+    ],
+)
+def test_the_engine_is_told_from_the_log(records, names, engine):
+    from exporter.core import grammar
+    from exporter.core.replay import choose_engine
+
+    assert choose_engine(records, grammar.load_all().values(), names)[0] == engine

@@ -341,3 +341,39 @@ def _resumed(**changes):
 def test_a_restarted_agent_takes_over_what_it_had_watched(observations, want):
     observations = sorted(observations, key=lambda o: o.t)
     assert judge(fold(observations), 340, LIMITS) is want
+
+
+NCCL_RAS = "gpu-node-1:2514:2702 [0] ras/client_support.cc:105 NCCL WARN Call to bind failed: Address already in use"
+
+
+@pytest.mark.parametrize(
+    ("tail", "reason", "outlived"),
+    [
+        pytest.param([line(30, NCCL_RAS)], None, False, id="NCCL's RAS socket warning is neither a failure nor a port in use"),
+        pytest.param([line(30, NCCL_RAS), procs(31)], Reason.EXITED, False,
+                     id="so a start that then dies did not die of NCCL"),
+        pytest.param([line(30, OOM), line(40, "INFO 10-21 09:13:04 [monitor.py:33] torch.compile takes 12.40 s in total")],
+                     Reason.CUDA_OOM, True, id="a later phase after the cause: the start outlived it"),
+        pytest.param([line(30, OOM), line(31, "Traceback (most recent call last):")], Reason.CUDA_OOM, False,
+                     id="a traceback says less than the OOM before it: the OOM stays"),
+        pytest.param([line(30, "Traceback (most recent call last):"),
+                      line(31, '  File "/usr/lib/python3/site-packages/vllm/worker/worker.py", line 179, in determine_num_available_blocks'),
+                      line(32, "ValueError: something no rule names")],
+                     Reason.CRASHED, False, id="a traceback's frame says where it failed, and outlives nothing"),
+        pytest.param([line(30, "ERROR [core.py:708] EngineCore failed to start."), line(31, "Traceback (most recent call last):")],
+                     Reason.CRASHED, False, id="a traceback says more than 'failed to start'"),
+        pytest.param([line(30, "torch.compile takes 12.40 s in total"), line(31, OOM),
+                      line(32, "INFO [monitor.py:33] Memory profiling takes 3.20 seconds")],
+                     Reason.CUDA_OOM, False, id="a marker of a phase already reached does not outlive the cause"),
+    ],
+)
+def test_causes_are_remembered_replaced_and_outlived(tail, reason, outlived):
+    attempt = fold([*TO_COMPILE, *tail]).attempt
+    assert (attempt.reason, attempt.outlived) == (reason, outlived)
+
+
+def test_a_failure_that_says_where_it_happened_moves_the_start_there_first():
+    kv_check = ("ERROR [core.py:708] ValueError: To serve at least one request with the models's max seq len (131072), "
+                "(16.00 GiB KV cache is needed, which is larger than the available KV cache memory")
+    attempt = fold([*TO_COMPILE, line(30, kv_check)]).attempt
+    assert (attempt.phase, attempt.reason, attempt.outlived) == (Phase.ALLOCATING_KV_CACHE, Reason.BAD_CONFIG, False)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timedelta, timezone, tzinfo
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from enum import StrEnum
-from typing import Iterable, Iterator
 
 from exporter.core.entries import FIELDS, MessageId
-from exporter.core.lines import ANSI
+from exporter.core.lines import ANSI, COMPOSE
 
 # The journal fields a replay keeps; everything else is dropped.
 _WANTED = frozenset(FIELDS)
@@ -31,7 +31,22 @@ class Format(StrEnum):
 
 # --- helpers -----------------------------------------------------------------------------------
 
-MONTHS = {m: i for i, m in enumerate(b"Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split(), 1)}
+# journalctl prints the month in the locale's words (strftime's %b): the common ones, lower case and
+# without a final dot; 中文 and 日本語 write `8月`. A month it does not know leaves the line untimed.
+MONTHS = {
+    name.encode(): number
+    for names in (
+        "jan feb mar apr may jun jul aug sep oct nov dec",  # English, and the default C locale
+        "jan feb mär apr mai jun jul aug sep okt nov dez",  # German
+        "janv févr mars avr mai juin juil août sept oct nov déc",  # French
+        "ene feb mar abr may jun jul ago sep oct nov dic",  # Spanish
+        "gen feb mar apr mag giu lug ago set ott nov dic",  # Italian
+        "jan fev mar abr mai jun jul ago set out nov dez",  # Portuguese
+        "янв фев мар апр мая июн июл авг сен окт ноя дек",  # Russian (genitive, as %b gives it)
+        "1月 2月 3月 4月 5月 6月 7月 8月 9月 10月 11月 12月",  # Chinese, Japanese
+    )
+    for number, name in enumerate(names.split(), 1)
+} | {"май".encode(): 5}
 HEAD = 512  # header regexes only ever look at this much of a line
 MAX_FIELD = 64 * 1024 * 1024  # a binary export field longer than this is taken for garbage
 # Times a timeline can print (report.iso: datetime's years 1 to 9999, a day's margin for any zone). A
@@ -39,6 +54,7 @@ MAX_FIELD = 64 * 1024 * 1024  # a binary export field longer than this is taken 
 # read as no time: report.iso raised ValueError on it and `replay` died (found by tests/test_fuzz.py).
 MIN_TIME, MAX_TIME = -62135596800.0 + 86400, 253402300799.0 - 86400
 ANSI_BYTES = re.compile(ANSI.pattern.encode())  # lines.ANSI, for raw bytes
+COMPOSE_BYTES = re.compile(COMPOSE.pattern.encode())  # lines.COMPOSE: `docker compose logs`' `service  | `
 FIELD_NAME = re.compile(rb"[A-Z_][A-Z0-9_]{0,63}")
 # journalctl's "-- Boot … --", "-- No entries --", "-- Logs begin at … --" lines
 SEPARATOR = re.compile(rb"-- .* --")
@@ -49,7 +65,7 @@ _YMD_HMS = rb"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)" + _FRACTION
 
 # journalctl short formats: the time, then "host ident[pid]: " (host absent when the entry has no _HOSTNAME).
 SHORT_TIME = re.compile(
-    rb"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) ([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? "
+    rb"([^\s\d.]{3,12}\.?|\d{1,2}\xe6\x9c\x88) ?([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? "
 )
 ISO_TIME = re.compile(rb"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)" + _FRACTION + _ZONE + rb" ")
 SYSLOG_HEAD = re.compile(rb"(?:[^\s\[\]:]+ )?([^\s\[\]:]+)(?:\[(\d+)\])?:(?: |$)")
@@ -95,7 +111,7 @@ def _zone(raw: bytes | None, default: tzinfo | None) -> tzinfo | None:
     if not raw:
         return default
     if raw == b"Z":
-        return timezone.utc
+        return UTC
     sign = -1 if raw[:1] == b"-" else 1
     digits = raw[1:].replace(b":", b"")
     return timezone(sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:4])))
@@ -506,7 +522,8 @@ def _short_time(head: bytes, years: _Years, tz: tzinfo | None) -> tuple[float | 
     """The time at the start of a short-format line and where it ends; (None, 0) without one."""
     if found := SHORT_TIME.match(head):
         month, day, hh, mm, ss, fraction = found.groups()
-        t = years.at(MONTHS[month], int(day), (int(hh), int(mm), int(ss)), _fraction(fraction))
+        number = MONTHS.get(month.rstrip(b".").decode("utf-8", "replace").lower().encode())
+        t = years.at(number, int(day), (int(hh), int(mm), int(ss)), _fraction(fraction)) if number else None
         return t, found.end()
     if found := ISO_TIME.match(head):
         return _stamp(found.groups(), tz), found.end()
@@ -519,30 +536,57 @@ def _docker(lines: Iterable[bytes], unit: str) -> Iterator[tuple[float | None, F
         line = _line(raw)
         if not line.strip():
             continue
+        line, fields = _service(line, unit)
         t: float | None = None
         if (found := DOCKER_TIME.match(line[:HEAD])) and (t := _stamp(found.groups(), None)) is not None:
             line = line[found.end() :]
         if not line.strip():
             continue
-        yield t, _unit_fields(line, unit)
+        yield t, {**fields, "MESSAGE": _text(line)}
 
 
-def _unit_fields(message: bytes, unit: str) -> Fields:
-    fields: Fields = {"MESSAGE": _text(message)}
-    if unit:
-        fields["_SYSTEMD_UNIT"] = unit
-    return fields
+def _service(line: bytes, unit: str) -> tuple[bytes, Fields]:
+    """A `docker compose logs` line is its service's: the line without its `service  | `, and the fields
+    that name the service (its syslog identifier, as journalctl's short formats name a process)."""
+    head = ANSI_BYTES.sub(b"", line[:HEAD]) if b"\x1b" in line[:HEAD] else line[:HEAD]
+    if found := COMPOSE_BYTES.match(head):
+        return head[found.end():] + line[HEAD:], {"SYSLOG_IDENTIFIER": _text(found.group(1))}
+    return line, {"_SYSTEMD_UNIT": unit} if unit else {}
+
+
+# A terminal session pasted whole: `$ ./llama-server -m …` (or `user@host:/dir# …`) starts the process,
+# and a prompt alone after its output says it has ended, how it does not say.
+PROMPT = rb"(?:\$|[\w.-]+@[\w.-]+(?::[^\s$#]*)?[$#])"
+COMMAND = re.compile(PROMPT + rb" +\S")
+PROMPT_ALONE = re.compile(PROMPT + rb"\s*")
 
 
 def _plain(
     lines: Iterable[bytes], unit: str, years: _Years, tz: tzinfo | None
 ) -> Iterator[tuple[float | None, Fields]]:
     """An engine's own output: each line is one MESSAGE, timed by the engine's own timestamp."""
+    output = False  # a line of the process's own since its command
     for raw in lines:
         line = _line(raw)
         if not line.strip():
             continue
-        yield _plain_time(line, years, tz), _unit_fields(line, unit)
+        line, fields = _service(line, unit)
+        t = _plain_time(line, years, tz)
+        if unit and COMMAND.match(line):
+            yield t, _pid1(unit, MessageId.UNIT_STARTED, line)
+            output = False
+        elif unit and output and PROMPT_ALONE.fullmatch(line):
+            yield t, _pid1(unit, MessageId.UNIT_PROCESS_EXIT, line)
+            output = False
+            continue
+        else:
+            output = True
+        yield t, {**fields, "MESSAGE": _text(line)}
+
+
+def _pid1(unit: str, message_id: str, line: bytes) -> Fields:
+    """What PID 1 would have said of the unit, for a terminal session's command and returning prompt."""
+    return {"_PID": "1", "UNIT": unit, "MESSAGE_ID": message_id, "MESSAGE": _text(line)}
 
 
 def _plain_time(line: bytes, years: _Years, tz: tzinfo | None) -> float | None:

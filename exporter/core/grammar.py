@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -47,6 +48,19 @@ class Rule:
     fatal: bool = False  # the engine gives up here, whether or not its processes exit yet
     heartbeat: bool = False  # printed on a timer whatever happens (TGI's "Waiting for shard"): no progress
     cache: str | None = None  # "cold" or "warm": whether the engine compiles or reuses a compile cache
+    # The phase says where the start was (a traceback's frame, a worker's tag), not that it went on.
+    where: bool = False
+    # A line in a failure's words that is no failure (NCCL's warnings): it stops the search, so that no
+    # failure rule after it reads it.
+    benign: bool = False
+    # Searched in the whole record, the engine's own prefix included: a worker's tag in that prefix
+    # (vLLM's `(VllmWorker rank=1 pid=…)`) is itself a marker.
+    whole: bool = False
+    # An embedded engine's rule is searched after that engine's own prefix; None: the grammar's.
+    prefix: re.Pattern[str] | None = None
+    # An embedded engine's version and model are not the outer engine's (an Ollama runner's llama.cpp
+    # build): only the grammar's own rules read them.
+    reads_info: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +72,12 @@ class Match:
     cache: str | None = None
     info: Mapping[str, str] = field(default_factory=frozen_map)
     values: Mapping[str, float] = field(default_factory=frozen_map)
+    where: bool = False
+
+    @property
+    def progress(self) -> bool:
+        """The line shows the start going on: a phase marker that is no part of a failure's report."""
+        return self.phase is not None and self.reason is None and not self.where
 
 
 @dataclass(frozen=True)  # not slots: `screen` is cached on the instance
@@ -67,11 +87,18 @@ class Grammar:
     prefix: re.Pattern[str] | None  # strips the engine's own line prefix; group `msg` is the rest
     rules: tuple[Rule, ...]
     settings: tuple[re.Pattern[str], ...] = ()  # the line(s) where the engine prints its settings
+    # Where a log names the engine (its paths, loggers, process tags, syslog identifier): evidence for
+    # choosing it, never a marker.
+    mentions: re.Pattern[str] | None = None
+    # Engines this one runs inside it, whose lines its logs carry (Ollama runs llama.cpp, Triton vLLM);
+    # their rules follow this grammar's own (`own` of them), never fatal nor ready (load()).
+    embeds: tuple[str, ...] = ()
+    own: int = 0
 
     @functools.cached_property
     def fixed_matches(self) -> tuple[Match | None, ...]:
         """For each rule that reads no value, the Match it always gives; None for the others."""
-        return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache)
+        return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache, where=r.where)
                      for r in self.rules)
 
     @functools.cached_property
@@ -81,8 +108,7 @@ class Grammar:
 
     def message(self, record: str) -> str:
         """The record after the engine's own prefix: what rules and settings patterns are searched in."""
-        head = self.prefix.match(record) if self.prefix else None
-        return head.group("msg") if head else record
+        return _after(self.prefix, record) if self.prefix else record
 
     def candidates(self, record: str) -> tuple[int, ...]:
         # surrogatepass: a lone surrogate (never from the journal, which is decoded with "replace")
@@ -99,15 +125,18 @@ def parse(engine: str, text: str) -> Grammar:
             engine=engine,
             commands=tuple(re.compile(c) for c in data.get("commands", [])),
             prefix=re.compile(prefix) if prefix else None,
-            rules=tuple(_rule(n, r) for n, r in enumerate(data.get("rule", []), 1)),
+            rules=(rules := tuple(_rule(n, r) for n, r in enumerate(data.get("rule", []), 1))),
+            own=len(rules),
             settings=tuple(re.compile(p) for p in data.get("settings", [])),
+            mentions=re.compile("|".join(data["mentions"])) if data.get("mentions") else None,
+            embeds=tuple(data.get("embeds", [])),
         )
     except (tomllib.TOMLDecodeError, re.error, ValueError, KeyError) as error:
         raise GrammarError(f"grammar {engine}: {error}") from error
 
 
 def _rule(number: int, raw: Mapping[str, object]) -> Rule:
-    where = f"rule {number} ({str(raw.get('match', ''))[:60]!r})"
+    label = f"rule {number} ({str(raw.get('match', ''))[:60]!r})"
     if "match" not in raw:
         raise ValueError(f"rule {number} has no `match`")
     try:
@@ -120,13 +149,18 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
             fatal=bool(raw.get("fatal", False)),
             heartbeat=bool(raw.get("heartbeat", False)),
             cache=_cache(raw.get("cache")),
+            where=bool(raw.get("where", False)),
+            benign=bool(raw.get("benign", False)),
+            whole=bool(raw.get("whole", False)),
         )
     except (re.error, ValueError) as error:
-        raise ValueError(f"{where}: {error}") from None
+        raise ValueError(f"{label}: {error}") from None
+    if rule.benign and (rule.phase or rule.reason or rule.heartbeat or rule.cache or pattern.groupindex):
+        raise ValueError(f"{label}: a benign rule reads nothing from the line")
     for group in pattern.groupindex:
         name, _, unit = group.partition("__")
         if group not in INFO and (name not in VALUES or unit not in SCALES):
-            raise ValueError(f"{where}: group {group!r} is no known value")
+            raise ValueError(f"{label}: group {group!r} is no known value")
     return rule
 
 
@@ -138,12 +172,27 @@ def _cache(value: object) -> str | None:
 
 @functools.cache  # a Grammar is immutable; its screen is built once, for every reader of it
 def load(engine: str) -> Grammar:
-    """The grammar shipped in exporter/grammars/<engine>.toml."""
+    """The grammar shipped in exporter/grammars/<engine>.toml, with the rules of the engines it embeds.
+
+    An embedded engine's lines say where its part of the start is and why it fails, but not whether
+    the whole is ready or has given up: the outer engine says that (an Ollama runner's failure leaves
+    the daemon serving), so its ready rules are left out and its fatal ones are not fatal here.
+    """
     try:
         text = resources.files("exporter.grammars").joinpath(f"{engine}.toml").read_text("utf-8")
     except FileNotFoundError:
         raise GrammarError(f"no grammar for engine {engine!r}; known: {', '.join(ENGINES)}") from None
-    return parse(engine, text)
+    outer = parse(engine, text)
+    embedded = []
+    for name in outer.embeds:
+        inner = load(name)
+        embedded += [dataclasses.replace(rule, fatal=False, prefix=rule.prefix or inner.prefix, reads_info=False)
+                     for rule in inner.rules if _says_more_than_info(rule) and rule.phase is not Phase.READY]
+    return dataclasses.replace(outer, rules=outer.rules + tuple(embedded)) if embedded else outer
+
+
+def _says_more_than_info(rule: Rule) -> bool:
+    return bool(rule.phase or rule.reason or rule.heartbeat or rule.benign or set(rule.pattern.groupindex) - INFO)
 
 
 # The agent loads the grammars in this order and detect() tries them in it: the first whose command
@@ -171,9 +220,11 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
     message = grammar.message(record)
     for index in candidates:
         rule = grammar.rules[index]
-        if settled and rule.reason is None and not rule.heartbeat:
+        if settled and rule.reason is None and not rule.heartbeat and not rule.benign:
             continue
-        if found := rule.pattern.search(message):
+        if found := rule.pattern.search(record if rule.whole else message if rule.prefix is None else _after(rule.prefix, record)):
+            if rule.benign:
+                return None
             if (fixed := grammar.fixed_matches[index]) is not None:
                 return fixed
             info, values = {}, {}
@@ -181,14 +232,21 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
                 if raw is None:
                     continue
                 if group in INFO:
-                    info[group] = raw
+                    if rule.reads_info:
+                        info[group] = raw
                 else:
                     name, _, unit = group.partition("__")
                     value = float(raw.replace(",", "")) * SCALES[unit]
                     if math.isfinite(value):  # 400 digits of "max model len" is no value at all
                         values[name] = value
-            return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info), frozen_map(values))
+            return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info),
+                         frozen_map(values), rule.where)
     return None
+
+
+def _after(prefix: re.Pattern[str], record: str) -> str:
+    head = prefix.match(record)
+    return head.group("msg") if head else record
 
 
 def settings(grammar: Grammar, record: str) -> str | None:

@@ -78,8 +78,12 @@ class Reason(StrEnum):
     EXITED = "exited"
 
 
-# Reasons that only say *that* it died; a specific root cause seen earlier in the same attempt wins.
-GENERIC_REASONS = frozenset({Reason.ENGINE_INIT, Reason.CRASHED, Reason.KILLED, Reason.EXITED})
+# Reasons that only say *that* it died, and how much each says: a clean exit nothing; "init failed" that
+# the engine gave up; a signal or a traceback how it died. Any other reason is a root cause, and says
+# the most; a reason replaces an earlier one of the same attempt only when it says more.
+REASON_DETAIL: Mapping[Reason, int] = MappingProxyType(
+    {Reason.EXITED: 0, Reason.ENGINE_INIT: 1, Reason.CRASHED: 2, Reason.KILLED: 2}
+)
 
 
 class ProcessState(StrEnum):
@@ -248,6 +252,12 @@ class Attempt:
     phase: Phase = Phase.LAUNCHING
     phase_since: float = 0.0
     reason: Reason | None = None  # root cause seen so far; the attempt fails with it
+    # The attempt went on to a later phase after its cause was seen: the cause did not end it (a later
+    # cause replaces it), and a log that ends here has not shown a failure.
+    outlived: bool = False
+    # The phase was set by a failure's report (a frame, a failure that names its step): a vaguer
+    # failure after it (TGI's `Shard 0 failed to start`) does not move it.
+    located: bool = False
     ended: float | None = None
     outcome: Outcome | None = None
     ready_at: float | None = None

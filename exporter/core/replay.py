@@ -7,13 +7,13 @@ through `tracker.advance`, exactly as the agent folds the live journal, minus th
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.core import grammar as grammars
+from exporter.core.entries import to_observations
 from exporter.core.grammar import Grammar
 from exporter.core.model import (
-    STARTUP_ORDER,
     Attempt,
     Lifecycle,
     Limits,
@@ -24,7 +24,6 @@ from exporter.core.model import (
     UnitState,
 )
 from exporter.core.report import duration, gaps, size, timeline
-from exporter.core.entries import to_observations
 from exporter.core.tracker import advance
 
 Fields = Mapping[str, Any]
@@ -57,19 +56,36 @@ class Replayed:
     state: UnitState
     attempts: int
     timed: bool  # False when the log carried no time at all: durations are meaningless
+    from_start: bool = True  # False: the log begins after the start did (an excerpt, a cut journal)
 
 
-def choose_engine(records: Iterable[str], candidates: Iterable[Grammar]) -> tuple[str, int]:
-    """The engine whose phase markers match most of these records, and how many did."""
-    best, best_score = "generic", 0
-    records = list(records)
+def choose_engine(records: Iterable[str], candidates: Iterable[Grammar], names: Iterable[str] = ()) -> tuple[str, int]:
+    """The engine these records show the most evidence of, and how many of its markers they hold.
+
+    Evidence is a record a rule reads as a marker (a phase, a failure, readiness), and a record or a
+    name (a syslog identifier, a compose service) that mentions the engine. An engine that runs
+    another inside it (Ollama runs llama.cpp, Triton runs vLLM) takes that one's evidence too, when
+    the log names it; unnamed, the lines are the inner engine's. Ties go to the first in grammar.ENGINES.
+    """
+    records, names, candidates = list(records), list(names), list(candidates)
     raw = [record.encode("utf-8", "surrogatepass") for record in records]
+    markers, said, evidence = {}, {}, {}
     for grammar in candidates:
         maybe = grammar.screen.which_may_match(raw)  # one scan of them all rules out most records at once
-        score = sum(1 for at in maybe if (m := grammars.match(grammar, records[at])) and m.phase is not None)
-        if score > best_score:
-            best, best_score = grammar.engine, score
-    return best, best_score
+        found = [m for at in sorted(maybe) if (m := grammars.match(grammar, records[at]))]
+        markers[grammar.engine] = sum(1 for m in found if m.phase is not None or m.reason is not None)
+        said[grammar.engine] = sum(1 for text in (*names, *records) if grammar.mentions and grammar.mentions.search(text))
+        evidence[grammar.engine] = markers[grammar.engine] + said[grammar.engine]
+    for grammar in candidates:
+        if grammar.embeds:  # named, it takes the inner engine's evidence; unnamed, it keeps only what is its own
+            inner = sum(evidence.get(engine, 0) for engine in grammar.embeds)
+            shared = sum(markers.get(engine, 0) for engine in grammar.embeds)
+            own = evidence[grammar.engine]
+            evidence[grammar.engine] = own + inner if said[grammar.engine] else max(0, own - shared)
+    best = max(candidates, key=lambda g: evidence[g.engine], default=None)
+    if best is None or not evidence[best.engine]:
+        return "generic", 0
+    return best.engine, markers[best.engine] + sum(markers.get(inner, 0) for inner in best.embeds)
 
 
 class _Unit:
@@ -79,8 +95,10 @@ class _Unit:
         self.unit, self.engine, self.score = unit, engine, score
         self.pending: list[Observation] = []
         self.records = 0  # log records in `pending`: the engine is chosen from the first SNIFF
+        self.names: set[str] = set()  # what the log calls the unit's process: syslog identifiers
         self.state = UnitState(unit, engine or "")
         self.attempts = 0
+        self.from_start: bool | None = None  # for the current attempt, once its first marker is seen
 
 
 class Replay:
@@ -88,6 +106,10 @@ class Replay:
 
     `chosen`: engines (and their scores) already chosen for some units from their first SNIFF
     records, by a reader that saw those records before it skimmed the rest (exporter.sources.journal_skim).
+
+    Times that cannot lie: a line without a time of its own takes the time of the last line before it
+    that has one, else of the first after it; nothing is dated before the log's first time (a `\r` bar
+    dates its redraws back by their elapsed field), so that no phase, gap or start outlasts the log.
     """
 
     def __init__(self, engine: str | None, limits: Limits, default_unit: str = "", only: Iterable[str] = (),
@@ -99,27 +121,48 @@ class Replay:
         self.only = frozenset(only)
         self.grammars = grammars.load_all()
         self.units: dict[str, _Unit] = {}
-        self.t: float | None = None
+        self.t: float | None = None  # the last time a line carried
+        self.first: float | None = None  # the log's first time
+        self.untimed: list[Fields] = []  # lines before the first time, waiting for it
         self.lines = 0
         self.timed = False
 
     def feed(self, entries: Iterable[tuple[float | None, Fields]]) -> None:
         for t, fields in entries:
             self.lines += 1
-            if t is not None:
-                self.t, self.timed = t, True
-            # a line without a time happened after the one before it; a log with no time at all
-            # gets its line numbers as times, so that the order still holds
-            now = self.t if self.t is not None else float(self.lines)
-            unit = unit_of(fields, self.default_unit)
-            if unit and not fields.get("_SYSTEMD_UNIT"):
-                fields = {**fields, "_SYSTEMD_UNIT": unit}  # a short-format line: named by its identifier
-            unit = unit or _text(fields.get("UNIT"))  # PID 1 speaking about a unit
-            if not unit or (self.only and unit not in self.only):
+            if t is None and self.t is None:
+                self.untimed.append(fields)
                 continue
-            for obs in to_observations(fields, now, frozenset({unit})):
-                if isinstance(obs, (LogLine, Lifecycle)):  # no process side and no GPUs in a saved log
-                    self._fold(self.units.get(unit) or self._new(unit), obs)
+            if t is not None:
+                if self.t is None:
+                    self.first = t
+                    self.timed = True
+                    self._release(t)
+                self.t = t
+            self._entry(self.t, fields)
+
+    def _release(self, t: float | None) -> None:
+        """The lines that came before the log's first time: at that time, or at their line numbers
+        (which keep their order) in a log without any."""
+        for number, fields in enumerate(self.untimed, 1):
+            self._entry(t if t is not None else float(number), fields)
+        self.untimed = []
+
+    def _entry(self, now: float, fields: Fields) -> None:
+        own = unit_of(fields, self.default_unit)
+        if own and not fields.get("_SYSTEMD_UNIT"):
+            fields = {**fields, "_SYSTEMD_UNIT": own}  # a short-format line: named by its identifier
+        unit = own or _text(fields.get("UNIT"))  # PID 1 speaking about a unit
+        if not unit or (self.only and unit not in self.only):
+            return
+        known = self.units.get(unit) or self._new(unit)
+        if own and (ident := _text(fields.get("SYSLOG_IDENTIFIER"))):
+            known.names.add(ident)
+        for obs in to_observations(fields, now, frozenset({unit})):
+            if isinstance(obs, (LogLine, Lifecycle)):  # no process side and no GPUs in a saved log
+                if self.first is not None and obs.t < self.first:  # a bar dated back past the log's start
+                    obs = replace(obs, t=self.first)
+                self._fold(known, obs)
 
     def _new(self, unit: str) -> _Unit:
         engine, score = (self.forced, 0) if self.forced else self.chosen.get(unit, (None, 0))
@@ -137,7 +180,7 @@ class Replay:
 
     def _choose(self, unit: _Unit) -> None:
         texts = [o.text for o in unit.pending if isinstance(o, LogLine)]
-        unit.engine, unit.score = choose_engine(texts, self.grammars.values())
+        unit.engine, unit.score = choose_engine(texts, self.grammars.values(), sorted(unit.names))
         unit.state = UnitState(unit.unit, unit.engine)
         pending, unit.pending = unit.pending, []
         for obs in pending:
@@ -146,12 +189,20 @@ class Replay:
     def _advance(self, unit: _Unit, obs: Observation) -> None:
         assert unit.engine is not None
         before = unit.state.attempt
-        unit.state = advance(unit.state, obs, self.grammars[unit.engine], self.limits)
+        grammar = self.grammars[unit.engine]
+        unit.state = advance(unit.state, obs, grammar, self.limits)
         if unit.state.attempt is not before and (before is None or unit.state.attempt.started != before.started):
             unit.attempts += 1
+            unit.from_start = None
+        if unit.from_start is None:  # the attempt's first marker says whether the log holds its start
+            if isinstance(obs, Lifecycle):
+                unit.from_start = True
+            elif (found := grammars.match(grammar, obs.text)) and (found.phase or found.reason):
+                unit.from_start = found.phase is Phase.LAUNCHING
 
     def results(self) -> list[Replayed]:
         """Every unit that looks like a model server (or was asked for), in name order."""
+        self._release(None)  # a log without any time: its lines in their order, durations unknown
         out = []
         for unit in sorted(self.units.values(), key=lambda u: u.unit):
             if unit.engine is None:
@@ -159,7 +210,8 @@ class Replay:
             asked = unit.unit in self.only or unit.unit == self.default_unit or self.forced
             if unit.state.attempt is None or not (asked or unit.score or unit.state.phase_durations):
                 continue
-            out.append(Replayed(unit.unit, unit.engine or "generic", unit.state, unit.attempts, self.timed))
+            out.append(Replayed(unit.unit, unit.engine or "generic", unit.state, unit.attempts, self.timed,
+                                unit.from_start is not False))
         return out
 
 
@@ -169,12 +221,15 @@ class Replay:
 def outcome(attempt: Attempt) -> str:
     """ready, failed, stopped, or incomplete when the log ends without a word of either.
 
-    A log that ends on a failure marker (a traceback, a CUDA OOM) has failed even though the
-    process's exit is not in it: that is what people paste into an issue.
+    A log that ends on a failure (a traceback's exception, a CUDA OOM) has failed even though the
+    process's exit is not in it: that is what people paste into an issue. A cause the start went on
+    past (a later phase began after it) did not end it.
     """
+    if attempt.phase is Phase.FAILED:  # also after ready: a server that could not bind its port
+        return str(Outcome.FAILED)
     if attempt.outcome is not None:
         return str(attempt.outcome)
-    return str(Outcome.FAILED) if attempt.reason is not None else "incomplete"
+    return str(Outcome.FAILED) if attempt.reason is not None and not attempt.outlived else "incomplete"
 
 
 def document(result: Replayed) -> dict[str, Any]:
@@ -196,6 +251,7 @@ def document(result: Replayed) -> dict[str, Any]:
         "failure_reason": str(attempt.reason) if attempt.reason and outcome(attempt) == "failed" else None,
         "startup_seconds": round(attempt.startup_end(end) - attempt.started, 3) if result.timed else None,
         "attempts": result.attempts,
+        "from_start": result.from_start,
         "phases": phases,
         "values": dict(state.values),
         "silent_gaps": gaps(attempt, None) if result.timed else [],
@@ -212,7 +268,8 @@ def text(result: Replayed) -> Iterator[str]:
         verdict += f": the log ends in {doc['last_phase']}"
     took = f" after {duration(doc['startup_seconds'])}" if doc["startup_seconds"] is not None else ""
     tries = f"  [start {doc['attempts']} of {doc['attempts']} in this log]" if doc["attempts"] > 1 else ""
-    yield f"{doc['unit']} ({about}): {verdict}{took}{tries}"
+    begins = "" if doc["from_start"] else "  [the log begins mid-start: a start already under way]"
+    yield f"{doc['unit']} ({about}): {verdict}{took}{tries}{begins}"
     for span in doc["phases"]:
         start = (span["start"] or "")[11:23]
         took = duration(span["duration_seconds"]) if span["duration_seconds"] is not None else ""

@@ -11,7 +11,7 @@ from typing import TypeVar
 from exporter.core import grammar as grammars
 from exporter.core.grammar import Grammar
 from exporter.core.model import (
-    GENERIC_REASONS,
+    REASON_DETAIL,
     SETTLED,
     STARTUP_ORDER,
     Attempt,
@@ -68,8 +68,11 @@ def _begin(state: UnitState, t: float, invocation: str) -> UnitState:
     return evolve(state, attempt=attempt, previous=state.attempt, values=frozen_map())
 
 
-def _enter(state: UnitState, phase: Phase, t: float) -> UnitState:
-    """Move the live attempt forward to `phase`, observing how long the phase it leaves took."""
+def _enter(state: UnitState, phase: Phase, t: float, progress: bool = True) -> UnitState:
+    """Move the live attempt forward to `phase`, observing how long the phase it leaves took.
+
+    `progress`: the start went on to this phase, outliving the cause it had so far; not so for a
+    phase read off a failure's own report (the frame it died in, the step a failure names)."""
     attempt = state.attempt
     assert attempt is not None
     t = max(t, attempt.phase_since)  # a back-dated \r bar cannot start before the phase it ends
@@ -81,6 +84,8 @@ def _enter(state: UnitState, phase: Phase, t: float) -> UnitState:
             last_phase_durations=frozen_map({**state.last_phase_durations, left: took}),
         )
     attempt = attempt.at(phase, t)
+    if progress and attempt.reason is not None and not attempt.outlived:
+        attempt = evolve(attempt, outlived=True)
     if phase is Phase.READY:  # causes seen on the way no longer explain a later exit
         state, attempt = _count_outcome(state, evolve(attempt, ready_at=t, reason=None), Outcome.READY, t)
     return evolve(state, attempt=attempt)
@@ -97,9 +102,11 @@ def _count_outcome(state: UnitState, attempt: Attempt, outcome: Outcome, t: floa
 
 
 def _cause(attempt: Attempt, reason: Reason) -> Attempt:
-    """Remember why the attempt is failing; the first specific root cause wins over generic ones."""
-    if attempt.reason is None or (attempt.reason in GENERIC_REASONS and reason not in GENERIC_REASONS):
-        return evolve(attempt, reason=reason)
+    """Remember why the attempt is failing: the first root cause wins over any that says less about it
+    (REASON_DETAIL), and any cause over one the attempt has outlived."""
+    old = attempt.reason
+    if old is None or attempt.outlived or REASON_DETAIL.get(reason, 3) > REASON_DETAIL.get(old, 3):
+        return evolve(attempt, reason=reason, outlived=False)
     return attempt
 
 
@@ -178,14 +185,18 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
             info=frozen_map({**state.info, **found.info}),
             values=frozen_map({**state.values, **found.values}),
         )
+    # The phase first: a failure marker that says where it happened (vLLM's KV-cache check, a
+    # traceback's frame) moves the start there before the failure is remembered in it; a failure
+    # marker's phase does not override one a failure's report already located.
     attempt = state.attempt
-    assert attempt is not None
+    if found.phase is not None and _forward(attempt.phase, found.phase) and not (found.reason and attempt.located):
+        state = _enter(state, found.phase, line.t, found.progress)
+        if attempt.located is found.progress:
+            state = evolve(state, attempt=evolve(state.attempt, located=not found.progress))
     if found.reason is not None:
         if found.fatal:
             return _fail(state, line.t, found.reason)
-        state = evolve(state, attempt=_cause(attempt, found.reason))
-    if found.phase is not None and _forward(attempt.phase, found.phase):
-        state = _enter(state, found.phase, line.t)
+        state = evolve(state, attempt=_cause(state.attempt, found.reason))
     return state
 
 
@@ -212,6 +223,8 @@ def _exit_reason(detail: str) -> Reason | None:
         return None if status.startswith("0/") else Reason.CRASHED
     if code == "killed":
         return Reason.KILLED if status.split("/")[0] in ("9", "15", "2") else Reason.CRASHED
+    if not code:  # it ended, how nobody said (a pasted terminal's prompt came back)
+        return Reason.EXITED
     return Reason.CRASHED  # dumped: a core dump
 
 

@@ -10,7 +10,7 @@ Example of what it renders for one unit (abridged):
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -22,7 +22,16 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.core.grammar import VALUES
-from exporter.core.model import STARTUP_ORDER, Histogram, Outcome, Phase, ProcessState, Signal, Snapshot, Verdict
+from exporter.core.model import (
+    STARTUP_ORDER,
+    Histogram,
+    Outcome,
+    Phase,
+    ProcessState,
+    Signal,
+    Snapshot,
+    Verdict,
+)
 
 NS = "llmstartup"
 # The sources sample on their own cadence and a scrape renders their latest snapshot, so that a hung

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from exporter.core.config import Config
 from exporter.core.model import Snapshot, UnitView, Verdict

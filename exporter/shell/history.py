@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from exporter.core.model import frozen_map
 

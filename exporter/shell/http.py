@@ -19,8 +19,8 @@ import ssl
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping
 from urllib.parse import unquote, urlsplit
 
 import bcrypt

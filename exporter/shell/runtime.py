@@ -10,13 +10,13 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
+from exporter.core.config import Config
 from exporter.shell import webconfig
 from exporter.shell.agent import Agent, boot_id
 from exporter.shell.collector import SnapshotCollector
-from exporter.core.config import Config
 from exporter.shell.history import History, HistoryError
-from exporter.shell.recorder import HistoryRecorder
 from exporter.shell.http import Server, make_app, serve
+from exporter.shell.recorder import HistoryRecorder
 from exporter.sources.gpu import GpuSource
 from exporter.sources.journal import JournalPlace
 from exporter.sources.journal_process import JournalSource

@@ -34,11 +34,11 @@ from pathlib import Path
 from systemd import journal
 
 from exporter.core import grammar as grammars
+from exporter.core.entries import to_observations
 from exporter.core.lines import MAX_RECORD, clean_records
 from exporter.core.model import LogLine
 from exporter.core.replay import SNIFF, choose_engine, unit_of
 from exporter.core.screen import Screen
-from exporter.core.entries import to_observations
 from exporter.sources.journal import fields_of
 from exporter.sources.journal_file import _failed, _open, read_journal_file
 
@@ -253,10 +253,18 @@ def _raw(reader: journal.Reader, name: str) -> bytes | None:
         return None
 
 
+@functools.cache
+def _choice_screen() -> Screen:
+    """Every rule, settings pattern and mention of every engine: what can count in an engine's choice."""
+    loaded = list(grammars.load_all().values())
+    mentions = [g.mentions for g in loaded if g.mentions is not None]
+    return Screen([p for g in loaded for p in (*(r.pattern for r in g.rules), *g.settings)] + mentions, raw=True)
+
+
 def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, int]]:
     """Each unit's engine, chosen from its first SNIFF records as replay.Replay chooses it."""
     loaded = list(grammars.load_all().values())
-    may_match = _screen().may_match
+    may_count = _choice_screen().may_match
     chosen = {}
     reader = _open(path)
     try:
@@ -266,11 +274,14 @@ def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, 
             reader.add_match(_SYSTEMD_UNIT=raw)
             reader.seek_head()
             records: list[str] = []
+            names: set[str] = set()
             while len(records) < SNIFF and reader._next():
+                if ident := _raw(reader, "SYSLOG_IDENTIFIER"):
+                    names.add(ident.decode("utf-8", "replace"))
                 message = _raw(reader, "MESSAGE") or b""
-                if len(message) <= MAX_RECORD and not may_match(message):
-                    # no rule of any engine matches it, and with no \r nor colour it is one record (or
-                    # none, blank): it counts towards SNIFF and scores nothing, as in the skim, unread
+                if len(message) <= MAX_RECORD and not may_count(message):
+                    # no rule nor mention of any engine matches it, and with no \r nor colour it is one
+                    # record (or none, blank): it counts towards SNIFF and scores nothing, unread
                     if not _blank(message):
                         records.append("")
                     continue
@@ -278,7 +289,7 @@ def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, 
                 if unit_of(fields, "") == unit:  # not PID 1's, which is about units, nor the kernel's
                     observed = to_observations(fields, 0.0, frozenset({unit}))
                     records += [o.text for o in observed if isinstance(o, LogLine)]
-            chosen[unit] = choose_engine(records[:SNIFF], loaded)
+            chosen[unit] = choose_engine(records[:SNIFF], loaded, sorted(names))
     finally:
         reader.close()
     return chosen

@@ -6,13 +6,14 @@ import logging
 import signal
 import sys
 import threading
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from exporter.core import grammar
 from exporter.core.config import Config
+from exporter.core.model import Phase, Snapshot, UnitView
 from exporter.shell.demo import sandbox
 from exporter.shell.engines import EngineNames
-from exporter.core.model import Phase, Snapshot, UnitView
 from exporter.shell.runtime import StartError, run_in_thread
 from exporter.sources.processes import ProcessSource, find_cgroup2_root
 

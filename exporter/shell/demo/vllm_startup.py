@@ -36,7 +36,8 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 API = "APIServer"
 ENGINE = "EngineCore_DP0"
