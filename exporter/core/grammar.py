@@ -35,6 +35,21 @@ SCALES: Mapping[str, float] = frozen_map(
 )
 
 
+# The progress an engine reports of its current phase's work (a shard bar, a count of files downloaded, a
+# fraction loaded): a rule names its parts in groups `progress_<part>__<unit>`, each with the units it
+# may be read in. `count` is a plain number, `size` tqdm's scaled one (`2.20G`), `fraction` 0–1 and
+# `percent` 0–100 stand alone (the whole is 1), `clock` is tqdm's and timedelta's `[H:]MM:SS`.
+PROGRESS: Mapping[str, frozenset[str]] = frozen_map(
+    {
+        "progress_done": frozenset({"count", "size", "fraction", "percent"}),
+        "progress_total": frozenset({"count", "size"}),
+        "progress_remaining": frozenset({"s", "clock"}),
+    }
+)
+WHOLE = frozenset({"fraction", "percent"})  # units of a done that needs no total
+SIZE_PREFIXES = " kMGTPEZY"  # tqdm's format_sizeof, unit_scale=True (divisor 1000)
+
+
 class GrammarError(ValueError):
     """A grammar file that does not load; names the file and the rule."""
 
@@ -47,6 +62,19 @@ class Rule:
     fatal: bool = False  # the engine gives up here, whether or not its processes exit yet
     heartbeat: bool = False  # printed on a timer whatever happens (TGI's "Waiting for shard"): no progress
     cache: str | None = None  # "cold" or "warm": whether the engine compiles or reuses a compile cache
+    item: str = ""  # what its progress groups count, singular ("shard", "file", "byte"); "" for a fraction
+    complete: bool = False  # the record says the phase's counted work is all done (llama.cpp's load dots)
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One progress record of an engine: how much of what it counts is done, of how much, and what it
+    says is left. A fraction is `done` of a `total` of 1."""
+
+    done: float
+    total: float
+    item: str = ""  # what is counted, singular; "" for a fraction
+    remaining: float | None = None  # the engine's own estimate of the seconds left (tqdm's `<remaining`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +86,7 @@ class Match:
     cache: str | None = None
     info: Mapping[str, str] = field(default_factory=frozen_map)
     values: Mapping[str, float] = field(default_factory=frozen_map)
+    progress: Report | None = None
 
 
 @dataclass(frozen=True)  # not slots: `screen` is cached on the instance
@@ -71,7 +100,8 @@ class Grammar:
     @functools.cached_property
     def fixed_matches(self) -> tuple[Match | None, ...]:
         """For each rule that reads no value, the Match it always gives; None for the others."""
-        return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache)
+        return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache,
+                                                             progress=Report(1.0, 1.0, r.item) if r.complete else None)
                      for r in self.rules)
 
     @functools.cached_property
@@ -120,13 +150,26 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
             fatal=bool(raw.get("fatal", False)),
             heartbeat=bool(raw.get("heartbeat", False)),
             cache=_cache(raw.get("cache")),
+            item=str(raw.get("item", "")),
+            complete=bool(raw.get("complete", False)),
         )
     except (re.error, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None
+    progress = {}
     for group in pattern.groupindex:
         name, _, unit = group.partition("__")
-        if group not in INFO and (name not in VALUES or unit not in SCALES):
+        if name in PROGRESS and unit in PROGRESS[name]:
+            progress[name] = unit
+        elif group not in INFO and (name not in VALUES or unit not in SCALES):
             raise ValueError(f"{where}: group {group!r} is no known value")
+    if progress and "progress_done" not in progress:
+        raise ValueError(f"{where}: progress groups without progress_done")
+    if "progress_done" in progress and (progress["progress_done"] in WHOLE) == ("progress_total" in progress):
+        raise ValueError(f"{where}: progress_done in count or size needs progress_total, and only those do")
+    if rule.complete and progress:
+        raise ValueError(f"{where}: a complete rule reads no progress groups")
+    if rule.item and not (progress or rule.complete):
+        raise ValueError(f"{where}: `item` names what a progress rule counts; this one reads no progress")
     return rule
 
 
@@ -176,19 +219,43 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
         if found := rule.pattern.search(message):
             if (fixed := grammar.fixed_matches[index]) is not None:
                 return fixed
-            info, values = {}, {}
+            info, values, progress = {}, {}, {}
             for group, raw in found.groupdict().items():
                 if raw is None:
                     continue
                 if group in INFO:
                     info[group] = raw
-                else:
-                    name, _, unit = group.partition("__")
-                    value = float(raw.replace(",", "")) * SCALES[unit]
-                    if math.isfinite(value):  # 400 digits of "max model len" is no value at all
-                        values[name] = value
-            return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info), frozen_map(values))
+                    continue
+                name, _, unit = group.partition("__")
+                value = _progress_part(raw, unit) if name in PROGRESS else float(raw.replace(",", "")) * SCALES[unit]
+                if math.isfinite(value):  # 400 digits of "max model len" is no value at all
+                    (progress if name in PROGRESS else values)[name] = value
+            return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info),
+                         frozen_map(values), _report(progress, rule))
     return None
+
+
+def _progress_part(raw: str, unit: str) -> float:
+    if unit == "clock":  # `[H:]MM:SS`; the hours are bounded in the rules, so this is a float
+        seconds = 0.0
+        for part in raw.split(":"):
+            seconds = seconds * 60 + int(part)
+        return seconds
+    if unit == "size":
+        number, prefix = (raw[:-1], raw[-1]) if raw[-1:].isalpha() else (raw, " ")
+        return float(number) * 1000.0 ** SIZE_PREFIXES.index(prefix)
+    value = float(raw.replace(",", ""))
+    return value / 100 if unit == "percent" else value
+
+
+def _report(parts: Mapping[str, float], rule: Rule) -> Report | None:
+    """The rule's progress groups as one Report; None when the record holds no usable progress."""
+    done = parts.get("progress_done")
+    whole = not any(group.startswith("progress_total__") for group in rule.pattern.groupindex)
+    total = 1.0 if whole else parts.get("progress_total")
+    if done is None or total is None or total <= 0:  # a bar of nothing (`0/0`) says nothing
+        return None
+    return Report(done, total, rule.item, parts.get("progress_remaining"))
 
 
 def settings(grammar: Grammar, record: str) -> str | None:

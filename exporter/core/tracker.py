@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from exporter.core import grammar as grammars
+from exporter.core import progress
 from exporter.core.grammar import Grammar
 from exporter.core.model import (
     GENERIC_REASONS,
@@ -186,7 +187,19 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
         state = evolve(state, attempt=_cause(attempt, found.reason))
     if found.phase is not None and _forward(attempt.phase, found.phase):
         state = _enter(state, found.phase, line.t)
+    if found.progress is not None:
+        state = _progress(state, found, line.t)
     return state
+
+
+def _progress(state: UnitState, found: grammars.Match, t: float) -> UnitState:
+    """A progress record counts for the phase the start is in, when it is that phase's (a late rank's
+    shard bar after the start moved on is not the current phase's progress)."""
+    live = _live(state)
+    if live is None or live.phase in SETTLED or (found.phase or live.phase) is not live.phase:
+        return state
+    assert found.progress is not None
+    return evolve(state, attempt=evolve(live, progress=progress.report(live.progress, live.phase, found.progress, t)))
 
 
 def _silence_ends(state: UnitState, t: float, limits: Limits) -> UnitState:
