@@ -4,6 +4,8 @@ rendered as the operator reads them; pure tables."""
 from __future__ import annotations
 
 import functools
+import shutil
+import subprocess
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -185,14 +187,19 @@ def test_json_document_and_metrics():
 
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: snap))
+    exposition = generate_latest(registry).decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+               for f in text_string_to_metric_families(exposition) for s in f.samples}
     unit = (("unit", U),)
     assert samples[("llmstartup_phase_progress_ratio", unit)] == pytest.approx(0.3)
     assert samples[("llmstartup_phase_progress_done", (("item", "shard"), *unit))] == 3
     assert samples[("llmstartup_phase_progress_target", (("item", "shard"), *unit))] == 10
     assert samples[("llmstartup_phase_expected_end_timestamp_seconds", unit)] == pytest.approx(WALL + 30)
     assert samples[("llmstartup_startup_expected_ready_timestamp_seconds", unit)] == pytest.approx(WALL + 105)
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by .ci/setup (Debian package prometheus)"
+    lint = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def test_no_progress_no_series():
