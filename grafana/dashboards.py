@@ -7,7 +7,7 @@ Two dashboards over the `llmstartup_*` metrics (README.md, "Metrics"):
 
 - fleet (uid llmstartup-fleet): every unit on every host — phase, verdict, time in phase, time to
   ready, failures — and their phase and verdict timelines;
-- unit (uid llmstartup-unit): one unit — its phase and verdict timelines, the silence and each
+- unit (uid llmstartup-unit): one unit — how far its phase is and when it should end, its phase and verdict timelines, the silence and each
   liveness signal, GPU memory per GPU, CPU, I/O, the last start phase by phase, and phase durations
   over past starts against the expected ones.
 
@@ -743,6 +743,62 @@ def unit() -> dashboard.Dashboard:
             legend="{{engine}} {{engine_version}} {{model}}",
             text_mode=common.BigValueTextMode.NAME,
         )
+    )
+
+    d = d.with_row(dashboard.Row("How much longer?").id(ids()))
+    d = d.with_panel(
+        now_stat(
+            "Phase progress",
+            "How far the current phase is by the engine's own progress reports (vLLM's and SGLang's shard bar, TGI's "
+            "downloaded files, Ollama's load fraction, tqdm bars). No value while the phase reports none.",
+            f"max by ({KEYS}) (llmstartup_phase_progress_ratio{{{SEL}}})",
+            unit="percentunit",
+            thresholds=thresholds((None, "text")),
+        )
+    )
+    d = d.with_panel(
+        now_stat(
+            "Phase ends in",
+            "When the current phase should end, by the rate of its progress reports (the engine's own estimate of the "
+            "time left when it prints one). None before two reports, nor for a phase that reports nothing; negative "
+            "once that time has passed.",
+            f"max by ({KEYS}) (llmstartup_phase_expected_end_timestamp_seconds{{{SEL}}}) - time()",
+            unit="s",
+            thresholds=thresholds((None, "text")),
+        )
+    )
+    d = d.with_panel(
+        now_stat(
+            "Ready in, as usual",
+            "When the start should be ready, from the unit's history: the current phase's expected end plus the "
+            "typical duration of each phase ahead; without progress, the typical start. None without history.",
+            f"max by ({KEYS}) (llmstartup_startup_expected_ready_timestamp_seconds{{{SEL}}}) - time()",
+            unit="s",
+            thresholds=thresholds((None, "text")),
+        )
+    )
+    d = d.with_panel(
+        timeseries.Panel()
+        .id(ids())
+        .title("Progress of each phase")
+        .description(
+            "How far each phase got by the engine's own progress reports, over time, by phase. A line that stops "
+            "rising in the middle of a phase is a bar that stopped (`llmstartup status` says for how long)."
+        )
+        .datasource(DATASOURCE)
+        .with_target(
+            query(
+                f"max by ({KEYS}) (llmstartup_phase_progress_ratio{{{SEL}}})\n"
+                f"* on ({KEYS}) group_right () max by ({KEYS}, phase) (llmstartup_unit_phase{{{SEL}}} == 1)",
+                "{{phase}}",
+            )
+        )
+        .unit("percentunit")
+        .min(0)
+        .max(1)
+        .legend(legend_bottom())
+        .span(12)
+        .height(6)
     )
 
     d = d.with_row(dashboard.Row("Timeline").id(ids()))

@@ -89,9 +89,11 @@ def test_hung_unit_pages_silent_compile_raises_nothing(agent, units, prometheus_
     assert silence["status"]["inhibitedBy"] == [stalled["fingerprint"]]
 
     # Every dashboard panel's query is valid against this Prometheus, and shows this scenario's data:
-    # all but what it has none of (no GPU here, no failure, no start that began in the last 2 minutes).
+    # all but what it has none of (no GPU here, no failure, no start that began in the last 2 minutes, no
+    # phase that reports progress now, no history to expect a ready time from).
     # A panel shows data when any of its queries does (one query per phase: not every phase is passed).
-    empty_by_design = ("gpu_", "failures_total", "changes(")
+    empty_by_design = ("gpu_", "failures_total", "changes(", "phase_progress_", "phase_expected_end_",
+                       "startup_expected_ready_")
     shown: dict[str, bool] = {}
     for title, expr in panel_queries():
         result = prometheus.query(expr)  # an AssertionError with Prometheus's message if it is invalid

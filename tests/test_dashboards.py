@@ -127,6 +127,9 @@ def test_unit_view_shows_what_the_issue_asks() -> None:
         "llmstartup_phase_duration_seconds_bucket",
         "llmstartup_expected_phase_duration_seconds",
         "llmstartup_unit_verdict",
+        "llmstartup_phase_progress_ratio",
+        "llmstartup_phase_expected_end_timestamp_seconds",
+        "llmstartup_startup_expected_ready_timestamp_seconds",
     ):
         assert needle in exprs, needle
 

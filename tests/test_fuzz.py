@@ -218,6 +218,11 @@ def _check_match(found: grammar.Match | None) -> None:
     assert set(found.info) <= grammar.INFO and all(isinstance(v, str) for v in found.info.values())
     assert set(found.values) <= set(grammar.VALUES)
     assert all(isinstance(v, float) and not math.isnan(v) and v >= 0 for v in found.values.values())
+    if found.progress is not None:  # what the ETA divides by and adds: finite, a total above zero
+        report = found.progress
+        assert math.isfinite(report.done) and report.done >= 0
+        assert math.isfinite(report.total) and report.total > 0
+        assert report.remaining is None or (math.isfinite(report.remaining) and report.remaining >= 0)
 
 
 @FUZZ

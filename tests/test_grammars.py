@@ -3,7 +3,9 @@
 Fixtures live in tests/grammars/<engine>/<family>.log, one directory per grammar in grammar.ENGINES. Each
 fixture line is `EXPECTATION | RAW LINE`. EXPECTATION is `-` (no rule matches) or space-separated
 `key=value` items: `phase=`, `reason=`, `fatal=true`, `heartbeat=true`, `model=`, `engine_version=` and
-engine values named as in grammar.VALUES, in base units (`model_weights_bytes=8066163330.2528`). One item
+engine values named as in grammar.VALUES, in base units (`model_weights_bytes=8066163330.2528`); a progress
+record's report as `progress=DONE/TOTAL` (a fraction is `progress=0.52/1`), `item=` (what it counts) and
+`remaining=` (the seconds the engine says are left), each absent when the report has none. One item
 is for the order check alone: `repeat=true` marks a phase marker the engine prints again after a later
 phase (SGLang loads a speculative draft model after the target; TRT-LLM's PyTorch backend sizes the KV
 cache, autotunes and captures graphs twice). The tracker ignores such a marker, because phases only move
@@ -34,6 +36,7 @@ GRAMMARS: dict[str, Grammar] = dict(grammar.load_all())
 # line, Ollama's daemon and runners log with slog, and the fallback knows no engine.
 NO_REDRAW = frozenset({"tgi", "ollama", "generic"})
 FLAGS = ("fatal", "heartbeat", "repeat")
+PROGRESS = ("progress", "item", "remaining")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Expected:
     repeat: bool = False  # fixture-only: a marker printed again after a later phase
     info: dict[str, str] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
+    progress: grammar.Report | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ def _expectation(text: str, where: str) -> Expected | None:
         key, sep, value = item.partition("=")
         if not sep or not value or key in seen:
             raise ValueError(f"{where}: bad or repeated item {item!r}")
-        if key not in {"phase", "reason", *FLAGS} | INFO | set(VALUES):
+        if key not in {"phase", "reason", *FLAGS, *PROGRESS} | INFO | set(VALUES):
             raise ValueError(f"{where}: unknown key {key!r}")
         seen[key] = value
     for flag in FLAGS:
@@ -74,6 +78,13 @@ def _expectation(text: str, where: str) -> Expected | None:
             raise ValueError(f"{where}: {flag} is only ever `{flag}=true`")
     if "repeat" in seen and "phase" not in seen:
         raise ValueError(f"{where}: `repeat=true` only goes with a phase")
+    if ("item" in seen or "remaining" in seen) and "progress" not in seen:
+        raise ValueError(f"{where}: `item=` and `remaining=` only go with `progress=`")
+    report = None
+    if "progress" in seen:
+        done, total = (float(n) for n in seen["progress"].split("/"))
+        remaining = float(seen["remaining"]) if "remaining" in seen else None
+        report = grammar.Report(done, total, seen.get("item", ""), remaining)
     return Expected(
         phase=Phase(seen["phase"]) if "phase" in seen else None,
         reason=Reason(seen["reason"]) if "reason" in seen else None,
@@ -82,6 +93,7 @@ def _expectation(text: str, where: str) -> Expected | None:
         repeat="repeat" in seen,
         info={k: v for k, v in seen.items() if k in INFO},
         values={k: float(v) for k, v in seen.items() if k in VALUES},
+        progress=report,
     )
 
 
@@ -134,6 +146,7 @@ def test_line(case: Case) -> None:
     assert dict(found.info) == expected.info
     assert set(found.values) == set(expected.values)
     assert dict(found.values) == pytest.approx(expected.values)
+    assert found.progress == expected.progress
 
 
 def _winner(rules: Grammar, record: str) -> int | None:
@@ -336,6 +349,36 @@ def test_load_names_the_known_engines() -> None:
             "[[rule]]\nmatch = '''took (?P<model_weights_bytes__tib>[\\d.]+) TiB'''\n",
             "group 'model_weights_bytes__tib' is no known value",
             id="unknown unit",
+        ),
+        pytest.param(
+            "[[rule]]\nmatch = '''(?P<progress_done__count>\\d+) shards'''\n",
+            "progress_done in count or size needs progress_total",
+            id="a count of progress without its total",
+        ),
+        pytest.param(
+            "[[rule]]\nmatch = '''(?P<progress_done__fraction>\\d) of (?P<progress_total__count>\\d+)'''\n",
+            "progress_done in count or size needs progress_total, and only those do",
+            id="a fraction of progress with a total",
+        ),
+        pytest.param(
+            "[[rule]]\nmatch = '''ETA (?P<progress_remaining__clock>[\\d:]+)'''\n",
+            "progress groups without progress_done",
+            id="a remaining time without progress",
+        ),
+        pytest.param(
+            "[[rule]]\nmatch = '''ETA (?P<progress_remaining__days>\\d+)'''\n",
+            "group 'progress_remaining__days' is no known value",
+            id="progress in an unknown unit",
+        ),
+        pytest.param(
+            "[[rule]]\nmatch = '''(?P<progress_done__fraction>\\d)'''\ncomplete = true\n",
+            "a complete rule reads no progress groups",
+            id="complete and read as well",
+        ),
+        pytest.param(
+            "[[rule]]\nmatch = '''loading'''\nitem = \"shard\"\n",
+            "`item` names what a progress rule counts",
+            id="an item without progress",
         ),
         pytest.param("[[rule]]\nphase = \"ready\"\n", "rule 1 has no `match`", id="rule without match"),
         pytest.param("[[rule]\nmatch = 'x'\n", "line 1", id="bad toml"),

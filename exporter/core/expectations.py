@@ -6,6 +6,7 @@ import hashlib
 import statistics
 from typing import Iterable
 
+from exporter.core import progress
 from exporter.core.model import STARTUP_ORDER, Attempt, Expectation, Phase, Span, UnitState, frozen_map
 
 RECENT = 10  # starts an expectation is learned from: recent enough to follow upgrades
@@ -65,10 +66,9 @@ def ceiling(expectation: Expectation | None, phase: Phase) -> float | None:
 
 
 def remaining(expectation: Expectation | None, attempt: Attempt, now: float) -> float | None:
-    """Expected seconds to ready, from the typical start; None without history."""
-    if expectation is None or expectation.startup is None or attempt.ready_at is not None:
-        return None
-    return max(0.0, expectation.startup.typical - (now - attempt.started))
+    """Expected seconds to ready (exporter.core.progress.ready_at); None without history."""
+    ready = progress.ready_at(expectation, attempt, now)
+    return None if ready is None else max(0.0, ready - now)
 
 
 def slower_than_usual(expectation: Expectation | None, attempt: Attempt, now: float) -> bool:

@@ -36,6 +36,21 @@ SCALES: Mapping[str, float] = frozen_map(
 )
 
 
+# The progress an engine reports of its current phase's work (a shard bar, a count of files downloaded, a
+# fraction loaded): a rule names its parts in groups `progress_<part>__<unit>`, each with the units it
+# may be read in. `count` is a plain number, `size` tqdm's scaled one (`2.20G`), `fraction` 0–1 and
+# `percent` 0–100 stand alone (the whole is 1), `clock` is tqdm's and timedelta's `[H:]MM:SS`.
+PROGRESS: Mapping[str, frozenset[str]] = frozen_map(
+    {
+        "progress_done": frozenset({"count", "size", "fraction", "percent"}),
+        "progress_total": frozenset({"count", "size"}),
+        "progress_remaining": frozenset({"s", "clock"}),
+    }
+)
+WHOLE = frozenset({"fraction", "percent"})  # units of a done that needs no total
+SIZE_PREFIXES = " kMGTPEZY"  # tqdm's format_sizeof, unit_scale=True (divisor 1000)
+
+
 class GrammarError(ValueError):
     """A grammar file that does not load; names the file and the rule."""
 
@@ -61,6 +76,19 @@ class Rule:
     # An embedded engine's version and model are not the outer engine's (an Ollama runner's llama.cpp
     # build): only the grammar's own rules read them.
     reads_info: bool = True
+    item: str = ""  # what its progress groups count, singular ("shard", "file", "byte"); "" for a fraction
+    complete: bool = False  # the record says the phase's counted work is all done (llama.cpp's load dots)
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One progress record of an engine: how much of what it counts is done, of how much, and what it
+    says is left. A fraction is `done` of a `total` of 1."""
+
+    done: float
+    total: float
+    item: str = ""  # what is counted, singular; "" for a fraction
+    remaining: float | None = None  # the engine's own estimate of the seconds left (tqdm's `<remaining`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +100,11 @@ class Match:
     cache: str | None = None
     info: Mapping[str, str] = field(default_factory=frozen_map)
     values: Mapping[str, float] = field(default_factory=frozen_map)
+    progress: Report | None = None
     where: bool = False
 
     @property
-    def progress(self) -> bool:
+    def moves_on(self) -> bool:
         """The line shows the start going on: a phase marker that is no part of a failure's report."""
         return self.phase is not None and self.reason is None and not self.where
 
@@ -98,7 +127,9 @@ class Grammar:
     @functools.cached_property
     def fixed_matches(self) -> tuple[Match | None, ...]:
         """For each rule that reads no value, the Match it always gives; None for the others."""
-        return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache, where=r.where)
+        return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache,
+                                                             progress=Report(1.0, 1.0, r.item) if r.complete else None,
+                                                             where=r.where)
                      for r in self.rules)
 
     @functools.cached_property
@@ -152,15 +183,28 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
             where=bool(raw.get("where", False)),
             benign=bool(raw.get("benign", False)),
             whole=bool(raw.get("whole", False)),
+            item=str(raw.get("item", "")),
+            complete=bool(raw.get("complete", False)),
         )
     except (re.error, ValueError) as error:
         raise ValueError(f"{label}: {error}") from None
     if rule.benign and (rule.phase or rule.reason or rule.heartbeat or rule.cache or pattern.groupindex):
         raise ValueError(f"{label}: a benign rule reads nothing from the line")
+    progress = {}
     for group in pattern.groupindex:
         name, _, unit = group.partition("__")
-        if group not in INFO and (name not in VALUES or unit not in SCALES):
+        if name in PROGRESS and unit in PROGRESS[name]:
+            progress[name] = unit
+        elif group not in INFO and (name not in VALUES or unit not in SCALES):
             raise ValueError(f"{label}: group {group!r} is no known value")
+    if progress and "progress_done" not in progress:
+        raise ValueError(f"{label}: progress groups without progress_done")
+    if "progress_done" in progress and (progress["progress_done"] in WHOLE) == ("progress_total" in progress):
+        raise ValueError(f"{label}: progress_done in count or size needs progress_total, and only those do")
+    if rule.complete and progress:
+        raise ValueError(f"{label}: a complete rule reads no progress groups")
+    if rule.item and not (progress or rule.complete):
+        raise ValueError(f"{label}: `item` names what a progress rule counts; this one reads no progress")
     return rule
 
 
@@ -227,26 +271,49 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
                 return None
             if (fixed := grammar.fixed_matches[index]) is not None:
                 return fixed
-            info, values = {}, {}
+            info, values, progress = {}, {}, {}
             for group, raw in found.groupdict().items():
                 if raw is None:
                     continue
                 if group in INFO:
                     if rule.reads_info:
                         info[group] = raw
-                else:
-                    name, _, unit = group.partition("__")
-                    value = float(raw.replace(",", "")) * SCALES[unit]
-                    if math.isfinite(value):  # 400 digits of "max model len" is no value at all
-                        values[name] = value
+                    continue
+                name, _, unit = group.partition("__")
+                value = _progress_part(raw, unit) if name in PROGRESS else float(raw.replace(",", "")) * SCALES[unit]
+                if math.isfinite(value):  # 400 digits of "max model len" is no value at all
+                    (progress if name in PROGRESS else values)[name] = value
             return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info),
-                         frozen_map(values), rule.where)
+                         frozen_map(values), _report(progress, rule), rule.where)
     return None
 
 
 def _after(prefix: re.Pattern[str], record: str) -> str:
     head = prefix.match(record)
     return head.group("msg") if head else record
+
+
+def _progress_part(raw: str, unit: str) -> float:
+    if unit == "clock":  # `[H:]MM:SS`; the hours are bounded in the rules, so this is a float
+        seconds = 0.0
+        for part in raw.split(":"):
+            seconds = seconds * 60 + int(part)
+        return seconds
+    if unit == "size":
+        number, prefix = (raw[:-1], raw[-1]) if raw[-1:].isalpha() else (raw, " ")
+        return float(number) * 1000.0 ** SIZE_PREFIXES.index(prefix)
+    value = float(raw.replace(",", ""))
+    return value / 100 if unit == "percent" else value
+
+
+def _report(parts: Mapping[str, float], rule: Rule) -> Report | None:
+    """The rule's progress groups as one Report; None when the record holds no usable progress."""
+    done = parts.get("progress_done")
+    whole = not any(group.startswith("progress_total__") for group in rule.pattern.groupindex)
+    total = 1.0 if whole else parts.get("progress_total")
+    if done is None or total is None or total <= 0:  # a bar of nothing (`0/0`) says nothing
+        return None
+    return Report(done, total, rule.item, parts.get("progress_remaining"))
 
 
 def settings(grammar: Grammar, record: str) -> str | None:

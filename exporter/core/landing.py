@@ -5,8 +5,9 @@ from __future__ import annotations
 from html import escape
 
 from exporter import __version__
+from exporter.core import progress
 from exporter.core.model import Attempt, Phase, Snapshot, UnitView
-from exporter.core.report import duration, status_line
+from exporter.core.report import duration, progress_text, status_line
 
 # One colour per phase, so that a glance at the bar says where the time went.
 COLOURS = {
@@ -68,23 +69,33 @@ def _unit(view: UnitView, snap: Snapshot) -> str:
         f"<div class='label'>{about}</div><div class='status'>{escape(status_line(view, snap))}</div>"
     )
     if state.attempt:
-        html += "<div class='label'>this start</div>" + _bar(state.attempt, snap.t, "bar")
+        html += "<div class='label'>this start</div>" + _bar(state.attempt, snap, "bar")
     if state.previous:
-        html += "<div class='label'>the start before</div>" + _bar(state.previous, snap.t, "bar previous")
+        html += "<div class='label'>the start before</div>" + _bar(state.previous, snap, "bar previous")
     return html + "</div>"
 
 
-def _bar(attempt: Attempt, now: float, css: str) -> str:
+def _bar(attempt: Attempt, snap: Snapshot, css: str) -> str:
     # The bar is the startup: it ends where the start settled or ended.
+    now = snap.t
     end = attempt.startup_end(now)
     total = max(end - attempt.started, 1e-9)
+    found = progress.current(attempt)
+    periods = attempt.periods(now)
     spans = []
-    for phase, start, stop in attempt.periods(now):
+    for index, (phase, start, stop) in enumerate(periods):
         seconds = max(0.0, min(stop, end) - start)
         width = max(seconds / total * 100, 0.4)
         text = f"{phase} {duration(seconds)}"
+        colour = COLOURS.get(phase, "#555")
+        background = colour
+        if found is not None and index == len(periods) - 1:
+            # The current phase's span, filled as far as the engine says the phase is; the rest paler.
+            text += f" · {progress_text(found, now, snap.stall_after)}"
+            filled = f"{found.ratio * 100:.1f}%"
+            background = f"linear-gradient(90deg,{colour} {filled},{colour}66 {filled})"
         spans.append(
-            f"<div class='span' title='{text}' style='flex:0 0 {width:.2f}%;background:{COLOURS.get(phase, '#555')}'>"
+            f"<div class='span' title='{escape(text)}' style='flex:0 0 {width:.2f}%;background:{background}'>"
             f"{escape(text)}</div>"
         )
     gaps = "".join(

@@ -243,6 +243,30 @@ class Histogram:
         return Histogram(self.bounds, counts, self.count + 1, self.total + value)
 
 
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One progress bar of a phase as the engine reported it (exporter.core.progress folds the reports):
+    how far it is, since when it is counted, and how steadily it has moved."""
+
+    phase: Phase
+    item: str  # what it counts, singular ("shard", "file", "byte"); "" for a fraction
+    total: float
+    done: float
+    at: float  # when `done` was reported
+    remaining: float | None  # the engine's own estimate of the seconds left, at `at`
+    first_at: float  # the bar's first report, and how much was done then
+    first_done: float
+    advanced: float  # when `done` last grew (the first report until it does)
+    advances: int = 0
+    longest_wait: float = 0.0  # the longest time from one advance (or the first report) to the next
+    reports: int = 1
+
+    @property
+    def ratio(self) -> float:
+        """How much of the bar is done, 0–1 (a bar can overshoot its total: tqdm's does)."""
+        return min(1.0, self.done / self.total)
+
+
 @dataclass(frozen=True)  # no slots: evolve() copies its __dict__
 class Attempt:
     """One start of a unit, from its first process (or PID 1's Started) until ready, failure or stop."""
@@ -265,6 +289,7 @@ class Attempt:
     compile_cache: str = ""  # "cold" or "warm", when the engine says whether torch.compile hit its cache
     spans: tuple[tuple[Phase, float], ...] = ()  # each phase entered, with when: the timeline
     gaps: tuple[tuple[float, float, Phase], ...] = ()  # silences past the threshold: (from, to, phase)
+    progress: Progress | None = None  # the engine's last progress bar in this start, of whichever phase
 
     def at(self, phase: Phase, t: float) -> Attempt:
         """This attempt in `phase` from `t` on, with its timeline extended."""
@@ -397,4 +422,5 @@ class Snapshot:
     gpus: tuple[Gpu, ...] = ()
     xid_errors: Mapping[tuple[str, int], int] = field(default_factory=frozen_map)  # (gpu, xid) → count
     stale_after: float = float("inf")  # evidence older than this (seconds) is not rendered
+    stall_after: float = float("inf")  # --stall.threshold: a progress bar still this long has stopped
     journal_reader_restarts: int = 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from exporter.core import expectations
-from exporter.core.model import Attempt, Phase, Snapshot, UnitState, UnitView
+from exporter.core import expectations, progress
+from exporter.core.model import Attempt, Phase, Progress, Snapshot, UnitState, UnitView
 
 GiB = 2**30
 
@@ -51,11 +51,50 @@ def signals(state: UnitState) -> dict[str, Any]:
     }
 
 
+def bar(found: Progress) -> str:
+    """`61/163 shards (37%)`, `2.0 GiB of 4.4 GiB (47%)`, or `52%` for a fraction."""
+    share = f"{found.ratio:.0%}"
+    if found.item == "byte":
+        return f"{size(found.done)} of {size(found.total)} ({share})"
+    if found.item:
+        plural = found.item + ("es" if found.item.endswith(("s", "x", "ch", "sh")) else "s")
+        return f"{found.done:.0f}/{found.total:.0f} {plural} ({share})"
+    return share
+
+
+def progress_text(found: Progress, now: float, stall: float) -> str:
+    """The current phase's bar, and how much longer it says, or that it stopped:
+    `61/163 shards (37%), ~3m33s left` or `61/163 shards (37%), no new shard for 6m00s`."""
+    text = bar(found)
+    end = progress.phase_end(found)
+    if (stopped := progress.stopped_for(found, now, stall)) is not None:
+        return f"{text}, no new {found.item or 'progress'} for {duration(stopped)}"
+    if end is not None:
+        return f"{text}, ~{duration(end - now)} left" if end >= now else f"{text}, due {duration(now - end)} ago"
+    return text
+
+
+def progress_document(found: Progress, now: float, wall: float, stall: float) -> dict[str, Any]:
+    stopped = progress.stopped_for(found, now, stall)
+    return {
+        "item": found.item or None,
+        "done": found.done,
+        "total": found.total,
+        "ratio": round(found.ratio, 4),
+        "last_report": iso(found.at + wall),
+        "last_advance": iso(found.advanced + wall),
+        "stopped_seconds": _round(stopped),
+    }
+
+
 def unit_document(view: UnitView, snap: Snapshot) -> dict[str, Any]:
     """One unit as `status --format json` and `/api/v1/units` give it."""
     state, now, wall = view.state, snap.t, snap.wall_offset
     attempt = state.attempt
     live = attempt is not None and attempt.ended is None
+    found = progress.current(attempt)
+    phase_end = progress.phase_end(found)
+    ready = progress.ready_at(view.expected, attempt, now) if attempt and live else None
     return {
         "unit": state.unit,
         "engine": state.engine,
@@ -70,6 +109,9 @@ def unit_document(view: UnitView, snap: Snapshot) -> dict[str, Any]:
         "failure_reason": str(attempt.reason) if attempt and attempt.reason and attempt.phase is Phase.FAILED else None,
         "expected_remaining_seconds": _round(expectations.remaining(view.expected, attempt, now)) if live else None,
         "slower_than_usual": expectations.slower_than_usual(view.expected, attempt, now) if live else False,
+        "progress": progress_document(found, now, wall, snap.stall_after) if found else None,
+        "phase_expected_end": iso(phase_end + wall) if phase_end is not None else None,
+        "expected_ready": iso(ready + wall) if ready is not None else None,
         "signals": signals(state) if live else None,
         "values": dict(state.values),
         "timeline": timeline(attempt, now, wall) if attempt else [],
@@ -109,6 +151,8 @@ def status_line(view: UnitView, snap: Snapshot) -> str:
     if attempt is None:
         return f"{state.unit}  {state.phase}  {view.verdict}"
     parts.append(f"{state.phase} {duration(now - attempt.phase_since)}")
+    if (found := progress.current(attempt)) is not None:
+        parts.append(progress_text(found, now, snap.stall_after))
     if attempt.ready_at is not None:
         parts.append(f"ready after {duration(attempt.ready_at - attempt.started)}")
     elif attempt.ended is None:

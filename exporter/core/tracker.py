@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from exporter.core import grammar as grammars
+from exporter.core import progress
 from exporter.core.grammar import Grammar
 from exporter.core.model import (
     REASON_DETAIL,
@@ -190,14 +191,26 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
     # marker's phase does not override one a failure's report already located.
     attempt = state.attempt
     if found.phase is not None and _forward(attempt.phase, found.phase) and not (found.reason and attempt.located):
-        state = _enter(state, found.phase, line.t, found.progress)
-        if attempt.located is found.progress:
-            state = evolve(state, attempt=evolve(state.attempt, located=not found.progress))
+        state = _enter(state, found.phase, line.t, found.moves_on)
+        if attempt.located is found.moves_on:
+            state = evolve(state, attempt=evolve(state.attempt, located=not found.moves_on))
     if found.reason is not None:
         if found.fatal:
             return _fail(state, line.t, found.reason)
         state = evolve(state, attempt=_cause(state.attempt, found.reason))
+    if found.progress is not None:
+        state = _progress(state, found, line.t)
     return state
+
+
+def _progress(state: UnitState, found: grammars.Match, t: float) -> UnitState:
+    """A progress record counts for the phase the start is in, when it is that phase's (a late rank's
+    shard bar after the start moved on is not the current phase's progress)."""
+    live = _live(state)
+    if live is None or live.phase in SETTLED or (found.phase or live.phase) is not live.phase:
+        return state
+    assert found.progress is not None
+    return evolve(state, attempt=evolve(live, progress=progress.report(live.progress, live.phase, found.progress, t)))
 
 
 def _silence_ends(state: UnitState, t: float, limits: Limits) -> UnitState:

@@ -228,6 +228,7 @@ class Agent:
             gpus=reading.devices if reading else (),
             xid_errors=self.xid_tally.counts,
             stale_after=self.limits.stale,
+            stall_after=self.limits.stall,
             journal_reader_restarts=self.journal.restarts,
         )
 

@@ -21,6 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from exporter import __version__
+from exporter.core import progress as progresses
 from exporter.core.grammar import VALUES
 from exporter.core.model import (
     STARTUP_ORDER,
@@ -81,6 +82,11 @@ class SnapshotCollector(Collector):
         last_phase = _gauge("last_phase_duration_seconds", "How long each phase took the last time the unit passed through it.", ["unit", "phase"])
         expected = _gauge("expected_phase_duration_seconds", "How long each phase typically takes this unit (the median of its recent ready starts with the same settings).", ["unit", "phase"])
         values = {name: _gauge(name, doc, ["unit"]) for name, doc in VALUES.items()}
+        progress_ratio = _gauge("phase_progress_ratio", "How far the current phase is (0-1) by the engine's own progress reports; no series while it reports none.", ["unit"])
+        progress_done = _gauge("phase_progress_done", "How many of what the engine counts in the current phase are done (shards, files, bytes).", ["unit", "item"])
+        progress_target = _gauge("phase_progress_target", "How many of what the engine counts in the current phase there are in all.", ["unit", "item"])
+        phase_end = _gauge("phase_expected_end_timestamp_seconds", "When the current phase should end, by the rate of its progress reports (the engine's own estimate when it gives one).", ["unit"])
+        ready_expected = _gauge("startup_expected_ready_timestamp_seconds", "When the current start should be ready: the phase's expected end plus the typical durations of the phases ahead (history).", ["unit"])
 
         for view in snap.units:
             state, unit = view.state, view.state.unit
@@ -127,10 +133,20 @@ class SnapshotCollector(Collector):
             if view.expected:
                 for p, span in view.expected.phases.items():
                     expected.add_metric([unit, p], span.typical)
+            if (found := progresses.current(state.attempt)) is not None:
+                progress_ratio.add_metric([unit], found.ratio)
+                if found.item:
+                    progress_done.add_metric([unit, found.item], found.done)
+                    progress_target.add_metric([unit, found.item], found.total)
+                if (end := progresses.phase_end(found)) is not None:
+                    phase_end.add_metric([unit], end + wall)
+            if attempt and attempt.ended is None and (ready := progresses.ready_at(view.expected, attempt, snap.t)) is not None:
+                ready_expected.add_metric([unit], ready + wall)
 
         yield from (info, phase, verdict, startup_start, phase_start, ready_at, last_log, progress)
         yield from (cpu, suppressed, read, written, rss, processes, gpu_memory, startups, failures)
         yield from (phase_hist, startup_hist, last_phase, expected, *values.values())
+        yield from (progress_ratio, progress_done, progress_target, phase_end, ready_expected)
 
         gpu_info = _gauge("gpu_info", "A GPU the agent sees, by index, with its UUID and name.", ["gpu", "uuid", "name"])
         utilization = _gauge("gpu_utilization_ratio", "GPU busy time (0–1); recorded, never counted as progress." + CACHED, ["gpu"])

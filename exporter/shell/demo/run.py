@@ -9,9 +9,10 @@ import threading
 from collections.abc import Callable
 from typing import TextIO
 
-from exporter.core import grammar
+from exporter.core import grammar, progress
 from exporter.core.config import Config
 from exporter.core.model import Phase, Snapshot, UnitView
+from exporter.core.report import progress_text
 from exporter.shell.demo import sandbox
 from exporter.shell.engines import EngineNames
 from exporter.shell.runtime import StartError, run_in_thread
@@ -107,6 +108,8 @@ def _status(view: UnitView, snap: Snapshot, before: Snapshot | None) -> str:
     state, attempt, t = view.state, view.state.attempt, snap.t
     assert attempt is not None
     parts = [f"{t - attempt.started:6.1f}s", f"{state.phase} {t - attempt.phase_since:.0f}s", str(view.verdict)]
+    if (found := progress.current(attempt)) is not None:
+        parts.append(progress_text(found, t, snap.stall_after))
     if state.last_log is not None:
         parts.append(f"last log {t - state.last_log:.0f}s ago")
     old = next((v.state for v in before.units if v.state.unit == state.unit), None) if before else None

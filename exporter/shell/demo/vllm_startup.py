@@ -15,7 +15,8 @@ A scenario is a JSON list of steps, run in order:
     {"burn": s, "workers": n}  n child processes burn CPU silently for s seconds (torch.compile workers)
     {"bar": "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", "steps": n, "seconds": s}
                                a tqdm bar redrawn with \\r and no newline until it ends, as tqdm does;
-                               "per_line": true ends every redraw with \\n instead (vLLM's shard bar)
+                               "per_line": true ends every redraw with \\n instead (vLLM's shard bar);
+                               "until": k stops it after its k-th step, unfinished, as a load stuck on a shard
     {"traceback": "torch.OutOfMemoryError: …"}
                                an EngineCore failure as 0.11 prints it: `EngineCore failed to start.`
                                and the logged traceback, then the interpreter's, ending in that line
@@ -359,7 +360,7 @@ class Startup:
             self.burn(float(step["burn"]), int(step.get("workers", 2)))
         elif "bar" in step:
             self.bar(str(step["bar"]), int(step.get("steps", 10)), float(step.get("seconds", 1.0)),
-                     bool(step.get("per_line", False)), proc or ENGINE)
+                     bool(step.get("per_line", False)), proc or ENGINE, None if step.get("until") is None else int(step["until"]))
         elif "traceback" in step:
             self.traceback(str(step["traceback"]), proc or ENGINE, step.get("frames"))
         elif "color" in step:
@@ -373,16 +374,18 @@ class Startup:
             raise ValueError(f"unknown step {step!r}")
         return None
 
-    def bar(self, desc: str, steps: int, seconds: float, per_line: bool, proc: str) -> None:
+    def bar(self, desc: str, steps: int, seconds: float, per_line: bool, proc: str, until: int | None = None) -> None:
         """tqdm's redraws on stderr: `\\r` + bar each time, then the final state again and `\\n` on close."""
         start = time.monotonic()
         last = 0
-        for n in range(steps + 1):
+        for n in range(steps + 1 if until is None else until + 1):
             if n:
                 time.sleep(max(0.0, start + seconds * n / steps - time.monotonic()))
             text = _bar_text(desc, n, steps, time.monotonic() - start, per_line)
             self.console.write("\r" + text + " " * max(last - len(text), 0), proc, "stderr")
             last = len(text)
+        if until is not None:  # stuck: tqdm never closes the bar
+            return
         text = _bar_text(desc, steps, steps, time.monotonic() - start, per_line)
         self.console.write("\r" + text + "\n", proc, "stderr")
 
