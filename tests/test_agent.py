@@ -160,9 +160,10 @@ def test_an_xid_seen_by_the_kernel_and_by_nvml_counts_once_and_fails_the_start_i
     assert a.tick().xid_errors == {("0", 79): 1}
     clock.t += 10
     a.tick()  # the same reading again, later than any repeat would be: its events are not counted twice
-    a.processes.pids = frozenset()  # the start dies
-    clock.t += 1
-    state = view(a.tick()).state
+    a.processes.pids = frozenset()  # the start dies (the sample that sees it is folded a round later)
+    for _ in range(2):
+        clock.t += 1
+        state = view(a.tick()).state
     assert a.snapshot.xid_errors == {("0", 79): 1}
     assert (state.phase, state.attempt.reason) == (Phase.FAILED, Reason.GPU_XID)
 
@@ -182,3 +183,63 @@ def test_a_finished_start_is_stored_once_whatever_the_rounds(tmp_path) -> None:
     [record] = history.recent(U)
     assert (record.outcome, record.boot_id, record.ended - record.started) == ("ready", "boot-1", pytest.approx(5))
     assert view(a.snapshot).expected.startup.typical == pytest.approx(5)
+
+
+def test_a_starts_last_words_are_read_before_the_sample_that_saw_it_exit() -> None:
+    a, clock = agent()
+    a.journal.ready_units = frozenset({U})
+    a.journal.queued = [LogLine(clock.t, U, "INFO 10-21 09:12:04 [api_server.py:1839] vLLM API server version 0.11.0")]
+    a.tick()
+    clock.t += 2
+    a.processes.pids = frozenset()  # it printed its OOM and exited; the sample sees it gone first
+    exited_at = clock.t
+    a.tick()
+    clock.t += 2
+    a.journal.queued = [LogLine(exited_at - 0.1, U, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")]
+    state = view(a.tick()).state
+    assert (state.phase, state.attempt.reason) == (Phase.FAILED, Reason.CUDA_OOM)
+    assert state.failures == {(Phase.LAUNCHING, Reason.CUDA_OOM): 1}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs, to fill: a history on a disk that runs out of space."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=True)
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def test_a_full_disk_neither_freezes_the_agent_nor_loses_a_start(small_disk) -> None:
+    history = History(small_disk / "history.db")
+    clock_box: list[Clock] = []
+    a, clock = agent(recorder=HistoryRecorder(history, "boot-1", lambda: clock_box[0].t))
+    clock_box.append(clock)
+    a.journal.ready_units = frozenset({U})
+    a.tick()
+    filler = small_disk / "filler"
+    with open(filler, "wb") as f:  # the disk fills up
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    a.journal.queued = [LogLine(clock.t, U, "vLLM API server version 0.11.0"),
+                        LogLine(clock.t + 5, U, "Application startup complete.")]
+    for _ in range(3):
+        clock.t += 10
+        snapshot = a.tick()
+    assert view(snapshot).state.phase is Phase.READY  # published, though nothing could be written
+    assert snapshot.sources["history"].up is False
+    filler.unlink()  # space again: the start not recorded before is recorded now
+    clock.t += 10
+    snapshot = a.tick()
+    assert snapshot.sources["history"].up is True
+    assert [r.outcome for r in history.recent(U)] == ["ready"]

@@ -56,3 +56,22 @@ def test_listen(text, want):
 def test_bad_listen(text):
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_listen(text)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        pytest.param(["wait", "vllm", "--unit", "other"], "unrecognized arguments: --unit other",
+                     id="wait names its one unit as its argument, never with --unit"),
+        pytest.param(["wait"], "the following arguments are required: UNIT", id="wait without a unit"),
+        pytest.param(["status", "--stall.threshold", "soon"], "'soon' is not a duration", id="a bad duration"),
+        pytest.param(["serve", "--no-such-flag"], "unrecognized arguments: --no-such-flag", id="an unknown flag"),
+    ],
+)
+def test_bad_command_lines_exit_2_with_the_reason(argv, says, capsys):
+    from exporter.shell import cli
+
+    with pytest.raises(SystemExit) as exit:
+        cli.main(argv)
+    assert exit.value.code == 2
+    assert says in capsys.readouterr().err

@@ -142,3 +142,22 @@ def test_evidence_round_trips_and_is_refused_from_another_boot():
     assert (resumed.sample, resumed.invocation, resumed.watched_since) == (sample, "abc", 20.0)
     assert evidence.load(text, "boot-2") == {}
     assert evidence.load("{not json", "boot-1") == {}
+
+
+def test_a_locked_history_is_refused_with_the_reason_and_not_moved_aside(tmp_path):
+    import sqlite3
+
+    from exporter.shell.history import HistoryError
+
+    path = tmp_path / "history.db"
+    History(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(HistoryError, match="locked"):
+            History(path)
+    finally:
+        holder.close()
+    assert [p.name for p in tmp_path.iterdir() if "corrupt" in p.name] == []
+    History(path).close()  # and once free, it opens as it was

@@ -83,3 +83,47 @@ def test_status_of_a_unit_that_does_not_exist(journald):
     done = llmstartup(journald, "status", "nope")
     assert done.returncode == 4
     assert "no such unit" in done.stderr
+
+
+def _history_with_a_start(path) -> None:
+    from exporter.shell.history import AttemptRecord, History
+
+    history = History(path)
+    history.record(AttemptRecord("x.service", "boot", 1.0, 1.7e9, 1.7e9 + 60, "ready", phases={"loading_weights": 50.0}))
+    history.close()
+
+
+def _files(path) -> dict[str, bytes]:
+    """The history's files and what they hold; of SQLite's shared memory (-shm), a reader's scratch
+    space, only that it is there."""
+    return {p.name: b"" if p.name.endswith("-shm") else p.read_bytes() for p in sorted(path.parent.iterdir())}
+
+
+@pytest.mark.parametrize("newer", [False, True], ids=["the agent's own file", "a file from a newer llmstartup"])
+def test_status_and_wait_only_ever_read_the_history(units, journald, journal_records, tmp_path, newer):
+    import sqlite3
+
+    path = tmp_path / "state" / "history.db"
+    path.parent.mkdir()
+    _history_with_a_start(path)
+    if newer:
+        db = sqlite3.connect(path)
+        db.execute("PRAGMA user_version = 99")
+        db.close()
+    before = _files(path)
+    ready = units("ready", READY_QUICKLY)
+    journal_records(ready, until=lambda es: any("startup complete" in str(e.get("MESSAGE")) for e in es))
+    for args in (["status", ready.name], ["wait", ready.name, "--timeout", "30s"]):
+        done = llmstartup(journald, *args, "--state.path", str(path))
+        assert done.returncode == 0, done.stderr
+        assert ("schema version 99 is a newer llmstartup" in done.stderr) is newer
+        assert _files(path) == before  # not migrated, not written, not moved aside
+
+
+def test_status_never_creates_a_history(units, journald, journal_records, tmp_path):
+    ready = units("ready", READY_QUICKLY)
+    journal_records(ready, until=lambda es: any("startup complete" in str(e.get("MESSAGE")) for e in es))
+    done = llmstartup(journald, "status", ready.name, "--state.path", str(tmp_path / "none" / "history.db"))
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "none").exists()
+    assert "history" not in done.stderr

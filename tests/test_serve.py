@@ -157,3 +157,29 @@ def test_a_stop_signal_while_the_agent_starts_is_not_lost(monkeypatch):
         for sig, handler in saved.items():
             signal.signal(sig, handler)
     assert all(callable(h) and h not in saved.values() for h in handlers.values()), handlers
+
+
+def test_a_journal_directory_anywhere_is_read(units, journald, journal_records, tmp_path):
+    """libsystemd tells persistent from runtime files by the path (/var, /run): a journal copied to /srv,
+    or a host's mounted at /host/var/log/journal in a container, is read all the same."""
+    from tests.scrape import free_port, try_fetch
+
+    quick = [*LOAD, {"raw": "INFO:     Application startup complete."}, {"hang": True}]
+    ready = units("ready", quick)
+    journal_records(ready, until=lambda es: any("startup complete" in str(e.get("MESSAGE")) for e in es))
+    copy = tmp_path / "srv" / "journal"
+    shutil.copytree(next(d for d in journald.journal_dirs if d.exists()), copy)
+    port = free_port()
+    argv = [sys.executable, "-m", "exporter", "serve", "--journal.directory", str(copy), "--unit", ready.name,
+            "--web.listen-address", f"127.0.0.1:{port}", "--no-collector.gpu", "--state.path", str(tmp_path / "s.db")]
+    with open(tmp_path / "serve.log", "w") as log:
+        agent = subprocess.Popen(argv, stderr=log)
+    try:
+        wait_for(lambda: try_fetch(port), 15, "the agent to serve")
+        scrape = wait_for(lambda: (s := Scrape(fetch(port))).one_of("unit_phase", ready.name, "phase") == "ready" and s,
+                          15, "the unit read from the copied journal")
+        assert scrape.value("llmstartup_source_up", source="journal") == 1
+        assert "no journal files" not in (tmp_path / "serve.log").read_text()
+    finally:
+        agent.terminate()
+        agent.wait(10)

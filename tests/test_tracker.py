@@ -21,6 +21,7 @@ from exporter.core.model import (
     Signal,
     UnitState,
     Verdict,
+    XidError,
 )
 from exporter.core.tracker import advance, judge
 
@@ -377,3 +378,8 @@ def test_a_failure_that_says_where_it_happened_moves_the_start_there_first():
                 "(16.00 GiB KV cache is needed, which is larger than the available KV cache memory")
     attempt = fold([*TO_COMPILE, line(30, kv_check)]).attempt
     assert (attempt.phase, attempt.reason, attempt.outlived) == (Phase.ALLOCATING_KV_CACHE, Reason.BAD_CONFIG, False)
+
+
+def test_an_unknown_observation_is_refused_not_taken_for_a_gpu_sample():
+    with pytest.raises(TypeError, match="XidError is no observation"):
+        advance(UnitState(U), XidError(1.0, "0", 79, "kernel"), VLLM, LIMITS)

@@ -57,6 +57,7 @@ class Config:
     silence: float = 60.0
     stall: float = 300.0
     state_path: Path | None = STATE_PATH  # None: keep no history
+    history_writes: bool = True  # serve keeps the history; status and wait only read the agent's
     gpu: bool = True
     cgroup_root: Path | None = None  # None: found from /proc/self/mountinfo
     web_config: Path | None = None  # --web.config.file: TLS, basic auth and headers (exporter-toolkit format)

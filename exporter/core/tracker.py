@@ -351,7 +351,9 @@ def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits
     if isinstance(obs, Suppressed):  # the unit printed, even if journald kept none of it
         state = evolve(state, suppressed_total=state.suppressed_total + obs.count, last_log=obs.t)
         return _moved(state, Signal.LOG, obs.t)
-    return _gpu(state, obs, limits)
+    if isinstance(obs, GpuSample):
+        return _gpu(state, obs, limits)
+    raise TypeError(f"advance: a {type(obs).__name__} is no observation")
 
 
 def _resumed(state: UnitState, resumed: Resumed) -> UnitState:

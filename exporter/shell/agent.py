@@ -80,6 +80,7 @@ class Agent:
         self.states: dict[str, UnitState] = {}
         self.processes_status = SourceStatus("processes", logger, wall)
         self._discovered_at: float | None = None
+        self._gone: dict[str, ProcessSample] = {}  # samples that found a start's processes gone, held a round
         self._xids_seen: float | None = None  # the GPU reading whose Xid events are counted
         self.xid_tally = xids.XidTally()
         self.recorder = recorder
@@ -112,8 +113,12 @@ class Agent:
         #    logs, so that even its first lines are folded with its own grammar.
         unnamed = {o.unit for o in observations if self.names.unknown(o.unit)}
         self._rename(self.names.found({unit: self.processes.cmdlines(unit) for unit in sorted(unnamed)}))
-        # 5. Process and GPU samples, and what the agent before this one watched, of caught-up units.
-        observations += [s for u, s in samples.items() if u in caught_up]
+        # 5. Process and GPU samples, and what the agent before this one watched, of caught-up units. A
+        #    sample that finds a start's processes gone waits one round: its last words, printed just
+        #    before it exited, may reach the journal only after the sample did, and must be folded first.
+        observations += self._gone.values()
+        self._gone = {u: s for u, s in samples.items() if u in caught_up and not s.ids and self._running(u)}
+        observations += [s for u, s in samples.items() if u in caught_up and u not in self._gone]
         observations += [self._resuming.pop(u) for u in caught_up & self._resuming.keys()]
         reading = self.gpu.latest if self.gpu else None
         if reading is not None:
@@ -170,6 +175,10 @@ class Agent:
             if unit in self.states:
                 self.states[unit] = evolve(self.states[unit], engine=engine)
 
+    def _running(self, unit: str) -> bool:
+        state = self.states.get(unit)
+        return bool(state and state.attempt and state.attempt.ended is None and state.last_process and state.last_process.ids)
+
     def _sample(self, units: Iterable[str], t: float) -> dict[str, ProcessSample]:
         try:
             samples = self.processes.sample(units, t)
@@ -212,6 +221,8 @@ class Agent:
         sources = {"journal": self.journal.status.health, "processes": self.processes_status.health}
         if self.gpu:
             sources["gpu"] = self.gpu.status.health
+        if self.recorder and not self.recorder.history.readonly:
+            sources["history"] = self.recorder.status.health
         now = t + offset
         # A source whose last success is stale is down, even if its thread is stuck inside a call
         # that has not failed yet (an NVML call can block for minutes).

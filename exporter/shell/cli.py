@@ -32,13 +32,15 @@ def _typed(parse: Callable[[str], object]) -> Callable[[str], object]:
     return convert
 
 
-def add_source_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags every command that reads a live host shares."""
-    parser.add_argument(
-        "--unit", action="append", default=[], type=_typed(parse_unit), metavar="NAME[=ENGINE]",
-        help="a unit to follow, optionally with its engine (vllm); repeat for more. "
-        "Default: discover model-server units from the processes in the cgroup tree",
-    )
+def add_source_flags(parser: argparse.ArgumentParser, units: bool = True) -> None:
+    """The flags every command that reads a live host shares; `units`: it takes --unit (wait names its
+    one unit as an argument instead)."""
+    if units:
+        parser.add_argument(
+            "--unit", action="append", default=[], type=_typed(parse_unit), metavar="NAME[=ENGINE]",
+            help="a unit to follow, optionally with its engine (vllm); repeat for more. "
+            "Default: discover model-server units from the processes in the cgroup tree",
+        )
     parser.add_argument("--journal.namespace", dest="namespace", metavar="NS", help="read this journald namespace")
     parser.add_argument("--journal.directory", dest="directory", type=Path, metavar="DIR", help="read journal files in DIR")
     parser.add_argument("--sample.interval", dest="interval", type=_typed(parse_duration), default=2.0,
@@ -51,6 +53,12 @@ def add_source_flags(parser: argparse.ArgumentParser) -> None:
                         help="sample GPU memory through NVML (default on; harmless without a GPU)")
     parser.add_argument("--path.cgroupfs", dest="cgroup_root", type=Path, metavar="DIR",
                         help="the cgroup v2 mount (default: found in /proc/self/mountinfo)")
+
+
+def _history_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state.path", dest="state_path", type=Path, default=STATE_PATH, metavar="FILE",
+                        help="the agent's history, read for what a start should take; never created nor "
+                        "written (default /var/lib/llmstartup/history.db, when it exists)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="units to show (default: every model-server unit found)")
     status.add_argument("--format", choices=["text", "json"], default="text", help="default text")
     add_source_flags(status)
+    _history_flag(status)
 
     wait = commands.add_parser(
         "wait", help="block until a unit is ready (0), failed (1), stalled (2) or the timeout passes (3)",
@@ -95,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--heartbeat", type=_typed(parse_duration), default=30.0, metavar="DURATION",
                       help="print the evidence this often when nothing changes (default 30s; "
                       "on a terminal a live status line instead)")
-    add_source_flags(wait)
+    add_source_flags(wait, units=False)
+    _history_flag(wait)
 
     replay = commands.add_parser(
         "replay", help="where did a saved log's startup go, and where did it hang",
@@ -132,7 +142,8 @@ def config_from(args: argparse.Namespace) -> Config:
         silence=args.silence,
         stall=args.stall,
         # status and wait learn from the agent's history when there is one; they never start one
-        state_path=getattr(args, "state_path", STATE_PATH if STATE_PATH.exists() else None),
+        state_path=args.state_path,
+        history_writes=args.command == "serve",
         gpu=args.gpu,
         cgroup_root=args.cgroup_root,
         web_config=getattr(args, "web_config", None),
@@ -162,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "wait":
         from exporter.shell.foreground import run_wait
 
-        args.unit.append(args.unit_name)
+        args.unit = [args.unit_name]
         return _clear_errors(lambda: run_wait(config_from(args), args.timeout, args.heartbeat, sys.stdout))
     return run_serve(config_from(args))
 

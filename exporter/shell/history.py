@@ -70,13 +70,26 @@ class HistoryError(Exception):
 
 
 class History:
-    """One SQLite file in WAL mode; every write is one transaction, so a crash loses at most it."""
+    """One SQLite file in WAL mode; every write is one transaction, so a crash loses at most it.
 
-    def __init__(self, path: Path) -> None:
+    `readonly`: `status` and `wait` consult the agent's file; they never migrate it, write to it, or
+    move it aside, whatever they find in it: any trouble is a HistoryError that says what.
+    """
+
+    def __init__(self, path: Path, readonly: bool = False) -> None:
         self.path = path
+        self.readonly = readonly
+        if readonly:
+            try:
+                self._db = self._open_readonly()
+            except sqlite3.Error as error:
+                raise HistoryError(f"cannot read history {path}: {error}") from None
+            return
         try:
             self._db = self._open()
-        except sqlite3.DatabaseError as error:  # corrupt, or not a database at all
+        except sqlite3.OperationalError as error:  # locked by another writer, no permission, no space
+            raise HistoryError(f"cannot open history {path}: {error}") from None
+        except sqlite3.DatabaseError as error:  # corrupt, not a database at all, or from a newer llmstartup
             aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
             for suffix in ("", "-wal", "-shm"):
                 try:
@@ -100,6 +113,24 @@ class History:
             db.execute("PRAGMA quick_check").fetchone()
             self._migrate(db)
         except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
+
+    def _open_readonly(self) -> sqlite3.Connection:
+        if not self.path.is_file():
+            raise sqlite3.OperationalError("no such file")
+        # A file no agent has open (no -shm beside it) is read as it is, creating no -wal or -shm that the
+        # agent's user could not open later; one an agent writes is read through its shared memory.
+        shared = Path(f"{self.path}-shm").exists()
+        uri = f"file:{self.path}?mode=ro" + ("" if shared else "&immutable=1")
+        db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                newer = "a newer llmstartup" if version > SCHEMA_VERSION else "an older llmstartup, which the agent migrates"
+                raise sqlite3.DatabaseError(f"schema version {version} is {newer} (this one reads {SCHEMA_VERSION})")
+        except sqlite3.Error:
             db.close()
             raise
         return db

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
 from collections.abc import Callable, Iterable
 
 from exporter.core import evidence, expectations
 from exporter.core.model import Attempt, Expectation, Phase, Resumed, UnitState, frozen_map
 from exporter.shell.history import AttemptRecord, History
+from exporter.sources.status import SourceStatus
 
 logger = logging.getLogger(__name__)
 
@@ -19,8 +22,10 @@ EVIDENCE_EVERY = 5.0
 class HistoryRecorder:
     """Puts each start that reached an outcome into the history once, and keeps what the history expects."""
 
-    def __init__(self, history: History, boot_id: str, clock: Callable[[], float]) -> None:
+    def __init__(self, history: History, boot_id: str, clock: Callable[[], float],
+                 wall: Callable[[], float] = time.time) -> None:
         self.history = history
+        self.status = SourceStatus("history", logger, wall)
         self._boot_id = boot_id
         self._clock = clock
         self._recorded: set[tuple[str, float]] = set()
@@ -33,14 +38,27 @@ class HistoryRecorder:
         return evidence.load(self.history.evidence(), self._boot_id)
 
     def remember(self, states: Iterable[UnitState], offset: float, cursor: str | None) -> None:
-        """Store every start that has an outcome, once; save the evidence and the journal cursor."""
-        states = tuple(states)
+        """Store every start that has an outcome, once; save the evidence and the journal cursor.
+
+        A write that fails (a full disk, a file locked for too long) is tried again at the next round,
+        and the source is down meanwhile: the agent goes on following its units either way.
+        """
+        if self.history.readonly:
+            return
+        try:
+            self._remember(tuple(states), offset, cursor)
+        except sqlite3.Error as error:
+            self.status.down(f"cannot write {self.history.path}: {error}")
+        else:
+            self.status.ok(f"writing {self.history.path}")
+
+    def _remember(self, states: tuple[UnitState, ...], offset: float, cursor: str | None) -> None:
         for state in states:
             for attempt in (state.previous, state.attempt):
                 if attempt is None or attempt.outcome is None or (state.unit, attempt.started) in self._recorded:
                     continue
-                self._recorded.add((state.unit, attempt.started))
                 self.history.record(self._record(state, attempt, offset))
+                self._recorded.add((state.unit, attempt.started))  # once stored: a failed write is tried again
                 self._expectations.pop(state.unit, None)
         now = self._clock()
         if now - self._saved_evidence_at >= EVIDENCE_EVERY:

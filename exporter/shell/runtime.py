@@ -54,7 +54,7 @@ class Runtime:
             raise StartError(f"--web.config.file {error}") from None
         journal = JournalSource(JournalPlace(config.namespace, config.directory))
         gpu = GpuSource(config.interval) if config.gpu else None
-        history = _history(config.state_path)
+        history = _history(config.state_path, readonly=not config.history_writes)
         recorder = HistoryRecorder(history, boot_id(), time.monotonic) if history else None
         agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, recorder)
         registry = CollectorRegistry()
@@ -89,12 +89,13 @@ class Runtime:
             self.gpu.stop()
 
 
-def _history(path: Path | None) -> History | None:
-    """The history, or none when it cannot be kept: the agent works on, without expectations."""
-    if path is None:
+def _history(path: Path | None, readonly: bool) -> History | None:
+    """The history, or none when it cannot be kept (or, read only, read): the agent works on, without
+    expectations. `status` and `wait` say nothing of a history the agent never wrote."""
+    if path is None or (readonly and not path.exists()):
         return None
     try:
-        return History(path)
+        return History(path, readonly=readonly)
     except (HistoryError, OSError) as error:
         logger.error("no history: %s (expectations and 'slower than usual' are off)", error)
         return None

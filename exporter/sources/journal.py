@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
-import re
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
 from systemd import journal
 
-from exporter.core.entries import FIELDS, to_observations  # the fields an observation is built from; no other is decoded
+from exporter.core.entries import (  # the fields an observation is built from; no other is decoded
+    FIELDS,
+    to_observations,
+)
 from exporter.core.model import Observation, XidError
 
 logger = logging.getLogger(__name__)
@@ -30,6 +33,16 @@ class JournalPlace:
         if self.namespace is not None:
             return journal.Reader(namespace=self.namespace)
         return journal.Reader()
+
+    def readable(self, reader: journal.Reader) -> bool:
+        """Whether the Reader found journal files it can read. libsystemd counts a directory's files as
+        persistent or runtime by their path (/var, /run): one elsewhere (a copy in /srv, a host's journal
+        mounted at /host/var/log/journal) is asked itself."""
+        if reader.has_persistent_files() or reader.has_runtime_files():
+            return True
+        if self.directory is None:
+            return False
+        return any(f.name.endswith((".journal", ".journal~")) and os.access(f, os.R_OK) for f in self.directory.iterdir())
 
     def __str__(self) -> str:
         if self.directory is not None:
@@ -86,7 +99,7 @@ class Follower:
         reader = self.place.open()
         try:
             reader.this_boot()
-            if not (reader.has_persistent_files() or reader.has_runtime_files()):
+            if not self.place.readable(reader):
                 raise OSError("no journal files can be read (missing, or not in the systemd-journal group?)")
             pending = self._seek(reader)
             while not stopping():
