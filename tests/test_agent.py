@@ -34,9 +34,11 @@ class FakeJournal:
     def __init__(self) -> None:
         self.status = SourceStatus("journal", LOG, lambda: 0.0)
         self.status.ok()
-        self.cursor: str | None = None
+        self.drained_cursor: str | None = None
         self.ready_units: frozenset[str] = frozenset()
         self.restarts = 0
+        self.resumed = False
+        self.resume_lost: str | None = None
         self.queued: list = []
 
     def watch(self, units: Iterable[str]) -> None:

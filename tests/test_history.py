@@ -130,18 +130,21 @@ def test_starts_are_learned_across_restarts_of_the_unit_and_of_the_agent(agent, 
     assert rows == 2
 
 
-def test_evidence_round_trips_and_is_refused_from_another_boot():
-    from exporter.core import evidence
+def test_a_checkpoint_round_trips_and_is_refused_from_another_boot():
+    from exporter.core import checkpoint
     from exporter.core.model import ProcessSample, Signal, UnitState
 
     sample = ProcessSample(50.0, "u.service", frozenset({(10, 1.5)}), 12.5, 100, 200, 300, started_at=1.5)
     state = UnitState("u.service", attempt=Attempt(started=1.0, invocation="abc"), watched_since=20.0,
                       moved={Signal.CPU: 49.0}, last_process=sample)
-    text = evidence.dump([state], "boot-1")
-    [resumed] = evidence.load(text, "boot-1").values()
+    text = checkpoint.dump([state], "boot-1", "s=cursor")
+    known = checkpoint.load(text, "boot-1")
+    assert (known.cursor, dict(known.states)) == ("s=cursor", {"u.service": state})
+    [resumed] = checkpoint.resumed(known).values()
     assert (resumed.sample, resumed.invocation, resumed.watched_since) == (sample, "abc", 20.0)
-    assert evidence.load(text, "boot-2") == {}
-    assert evidence.load("{not json", "boot-1") == {}
+    assert checkpoint.load(text, "boot-2") is None
+    assert checkpoint.load("{not json", "boot-1") is None
+    assert checkpoint.load('{"boot_id": "boot-1", "cursor": 3, "states": []}', "boot-1") is None
 
 
 def test_a_locked_history_is_refused_with_the_reason_and_not_moved_aside(tmp_path):

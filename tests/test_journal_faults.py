@@ -183,3 +183,46 @@ def test_a_stop_sent_to_the_whole_group_is_quiet(journald, tmp_path):
         finally:
             agent.kill()
         assert "journal reader died" not in log.read_text(), log.read_text()
+
+
+def _checkpoint_saying(path, unit: str, cursor: str) -> None:
+    """A history whose checkpoint says `unit` is ready, as of the journal entry `cursor`."""
+    from exporter.core import checkpoint
+    from exporter.core.model import Attempt, Outcome, Phase, UnitState
+    from exporter.shell.agent import boot_id
+    from exporter.shell.history import History
+
+    attempt = Attempt(started=1.0, phase=Phase.READY, phase_since=2.0, outcome=Outcome.READY, ready_at=2.0,
+                      spans=((Phase.LAUNCHING, 1.0), (Phase.READY, 2.0)))
+    state = UnitState(unit, "vllm", attempt=attempt, startups={Outcome.READY: 1})
+    history = History(path)
+    history.save_checkpoint(checkpoint.dump([state], boot_id(), cursor))
+    history.close()
+
+
+@pytest.mark.parametrize("cursor_kept", [True, False], ids=["its cursor in the journal", "its cursor gone"])
+def test_a_restarted_agent_takes_over_the_checkpoint_only_with_its_journal_position(
+        agent, units, journal_records, journald, tmp_path, cursor_kept):
+    """A restart reads on from the checkpoint's cursor, not this boot's whole journal (what the checkpoint
+    says stands, though the journal says otherwise before the cursor); a cursor that cannot be used is
+    said, and the journal read from this boot's start as on a first start."""
+    from tests.test_serve import HANG_AFTER_COMPILE
+
+    hang = units("hang", HANG_AFTER_COMPILE)
+    journal_records(hang, until=lambda es: any("torch.compile" in str(e.get("MESSAGE")) for e in es))
+    reader = journald.reader()
+    reader.seek_tail()
+    reader.get_previous()
+    cursor = reader._get_cursor() if cursor_kept else "s=0123456789abcdef0123456789abcdef;i=1;b=00;m=1;t=1;x=1"
+    reader.close()
+    _checkpoint_saying(tmp_path / "state.db", hang.name, cursor)
+    port = agent(hang.name)
+    scrape = Scrape(fetch(port))
+    phase = scrape.one_of("unit_phase", hang.name, "phase")
+    log = "".join(p.read_text() for p in tmp_path.glob("agent-*.log"))
+    if cursor_kept:
+        assert phase == "ready"  # the checkpoint's word: the journal before the cursor was not read again
+        assert "cannot be used" not in log
+    else:
+        assert phase == "compiling"  # read from the journal, the checkpoint's states dropped
+        assert "journal position s=0123456789abcdef" in log and "cannot be used" in log

@@ -9,12 +9,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Protocol
 
-from exporter.core import expectations, grammar, xids
+from exporter.core import checkpoint, expectations, grammar, xids
+from exporter.core.checkpoint import Checkpoint
 from exporter.core.config import Config
 from exporter.core.model import (
     GpuSample,
     Observation,
     ProcessSample,
+    Resumed,
     Snapshot,
     UnitState,
     UnitView,
@@ -37,9 +39,11 @@ class JournalFeed(Protocol):
     """What the agent reads the journal through (exporter.sources.journal_process.JournalSource)."""
 
     status: SourceStatus
-    cursor: str | None  # the last entry handed over live
+    drained_cursor: str | None  # the last entry of what drain() gave
     ready_units: frozenset[str]  # units whose earlier lines (this boot) are all handed over
     restarts: int
+    resumed: bool  # it went on from the checkpoint's cursor
+    resume_lost: str | None  # why it could not
 
     def watch(self, units: Iterable[str]) -> None: ...
     def drain(self) -> list[Observation | XidError]: ...
@@ -70,6 +74,7 @@ class Agent:
         recorder: HistoryRecorder | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        restored: Checkpoint | None = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -84,7 +89,8 @@ class Agent:
         self._xids_seen: float | None = None  # the GPU reading whose Xid events are counted
         self.xid_tally = xids.XidTally()
         self.recorder = recorder
-        self._resuming = recorder.resumed() if recorder else {}
+        self._restored = restored  # the agent before this one's states: taken over once the journal goes on
+        self._resuming: dict[str, Resumed] = {}  # their process side alone, when it cannot
         self.snapshot = Snapshot(t=clock(), wall_offset=wall() - clock())
 
     def tick(self) -> Snapshot:
@@ -109,6 +115,7 @@ class Agent:
         found: list[XidError] = []
         for item in self.journal.drain():
             (found if isinstance(item, XidError) else observations).append(item)
+        self._take_over()
         # 4. A unit named without its engine: its processes' command lines name it, read as soon as it
         #    logs, so that even its first lines are folded with its own grammar.
         unnamed = {o.unit for o in observations if self.names.unknown(o.unit)}
@@ -133,7 +140,7 @@ class Agent:
             before = self.states.get(obs.unit) or UnitState(obs.unit, self.names.engine(obs.unit))
             self.states[obs.unit] = advance(before, obs, self.grammars[self.names.engine(obs.unit)], self.limits)
         if self.recorder:
-            self.recorder.remember(self.states.values(), offset, self.journal.cursor)
+            self.recorder.remember(self.states.values(), offset, self.journal.drained_cursor, caught_up)
         self.snapshot = self._publish(units, t, offset)
         return self.snapshot
 
@@ -160,6 +167,18 @@ class Agent:
             except Exception:  # the one broad catch: a bug in one round must not end the agent
                 logger.exception("agent round failed")
             stop.wait(max(0.0, self.config.interval - (self._clock() - started)))
+
+    def _take_over(self) -> None:
+        """The checkpoint's states, once the journal reader went on from its cursor (what was drained is
+        what followed it); when it could not, only their process side, after the journal is read again."""
+        if self._restored is None:
+            return
+        if self.journal.resumed:
+            self.states.update(self._restored.states)
+            self._restored = None
+        elif self.journal.resume_lost is not None:
+            self._resuming = checkpoint.resumed(self._restored)
+            self._restored = None
 
     def _discover(self) -> None:
         try:

@@ -194,19 +194,12 @@ class History:
             phases.setdefault(attempt_id, {})[phase] = seconds
         return [AttemptRecord(*row[1:], phases=frozen_map(phases.get(row[0], {}))) for row in rows]
 
-    def save_cursor(self, cursor: str) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('journal_cursor', ?)", (cursor,))
+    def save_checkpoint(self, checkpoint: str) -> None:
+        """What the agent knows (exporter.core.checkpoint, JSON), for the agent after it."""
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('checkpoint', ?)", (checkpoint,))
 
-    def cursor(self) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'journal_cursor'").fetchone()
-        return row[0] if row else None
-
-    def save_evidence(self, evidence: str) -> None:
-        """What the agent has watched of the starts in progress (JSON), for the agent after it."""
-        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('evidence', ?)", (evidence,))
-
-    def evidence(self) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'evidence'").fetchone()
+    def checkpoint(self) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'checkpoint'").fetchone()
         return row[0] if row else None
 
     def close(self) -> None:

@@ -7,16 +7,17 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable
 
-from exporter.core import evidence, expectations
-from exporter.core.model import Attempt, Expectation, Phase, Resumed, UnitState, frozen_map
+from exporter.core import checkpoint, expectations
+from exporter.core.checkpoint import Checkpoint
+from exporter.core.model import Attempt, Expectation, Phase, UnitState, frozen_map
 from exporter.shell.history import AttemptRecord, History
 from exporter.sources.status import SourceStatus
 
 logger = logging.getLogger(__name__)
 
-# How often what the agent watched is saved for the agent after it: the gap a successor judges
-# across is at most this much longer than the time it was down.
-EVIDENCE_EVERY = 5.0
+# How often what the agent knows is saved for the agent after it: a restarted agent reads on from a
+# journal position at most this old, and judges across a gap at most this much longer than its own.
+CHECKPOINT_EVERY = 5.0
 
 
 class HistoryRecorder:
@@ -30,15 +31,20 @@ class HistoryRecorder:
         self._clock = clock
         self._recorded: set[tuple[str, float]] = set()
         self._expectations: dict[str, tuple[tuple[str, str], Expectation]] = {}  # unit → (key, expectation)
-        self._saved_cursor: str | None = None
-        self._saved_evidence_at = float("-inf")
+        self._saved_at = float("-inf")
 
-    def resumed(self) -> dict[str, Resumed]:
-        """What the agent before this one watched of the starts still running (this boot's only)."""
-        return evidence.load(self.history.evidence(), self._boot_id)
+    def checkpoint(self) -> Checkpoint | None:
+        """What the agent before this one knew, if it ran in this boot."""
+        try:
+            return checkpoint.load(self.history.checkpoint(), self._boot_id)
+        except sqlite3.Error as error:
+            logger.warning("cannot read the checkpoint in %s: %s", self.history.path, error)
+            return None
 
-    def remember(self, states: Iterable[UnitState], offset: float, cursor: str | None) -> None:
-        """Store every start that has an outcome, once; save the evidence and the journal cursor.
+    def remember(self, states: Iterable[UnitState], offset: float, cursor: str | None,
+                 caught_up: frozenset[str] = frozenset()) -> None:
+        """Store every start that has an outcome, once; now and then a checkpoint of the caught-up units
+        and the journal position their states reflect.
 
         A write that fails (a full disk, a file locked for too long) is tried again at the next round,
         and the source is down meanwhile: the agent goes on following its units either way.
@@ -46,13 +52,14 @@ class HistoryRecorder:
         if self.history.readonly:
             return
         try:
-            self._remember(tuple(states), offset, cursor)
+            self._remember(tuple(states), offset, cursor, caught_up)
         except sqlite3.Error as error:
             self.status.down(f"cannot write {self.history.path}: {error}")
         else:
             self.status.ok(f"writing {self.history.path}")
 
-    def _remember(self, states: tuple[UnitState, ...], offset: float, cursor: str | None) -> None:
+    def _remember(self, states: tuple[UnitState, ...], offset: float, cursor: str | None,
+                  caught_up: frozenset[str]) -> None:
         for state in states:
             for attempt in (state.previous, state.attempt):
                 if attempt is None or attempt.outcome is None or (state.unit, attempt.started) in self._recorded:
@@ -61,12 +68,10 @@ class HistoryRecorder:
                 self._recorded.add((state.unit, attempt.started))  # once stored: a failed write is tried again
                 self._expectations.pop(state.unit, None)
         now = self._clock()
-        if now - self._saved_evidence_at >= EVIDENCE_EVERY:
-            self.history.save_evidence(evidence.dump(states, self._boot_id))
-            self._saved_evidence_at = now
-        if cursor and cursor != self._saved_cursor:
-            self.history.save_cursor(cursor)
-            self._saved_cursor = cursor
+        if cursor and now - self._saved_at >= CHECKPOINT_EVERY:
+            known = [s for s in states if s.unit in caught_up]
+            self.history.save_checkpoint(checkpoint.dump(known, self._boot_id, cursor))
+            self._saved_at = now
 
     def expected(self, state: UnitState) -> Expectation:
         """What this unit's history expects of its current start (learned again when that changes)."""

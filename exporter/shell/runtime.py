@@ -52,11 +52,13 @@ class Runtime:
             web = webconfig.load(config.web_config) if http and config.web_config else None
         except webconfig.WebConfigError as error:
             raise StartError(f"--web.config.file {error}") from None
-        journal = JournalSource(JournalPlace(config.namespace, config.directory))
         gpu = GpuSource(config.interval) if config.gpu else None
         history = _history(config.state_path, readonly=not config.history_writes)
         recorder = HistoryRecorder(history, boot_id(), time.monotonic) if history else None
-        agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, recorder)
+        known = recorder.checkpoint() if recorder else None  # what the agent before this one knew
+        resume = (known.cursor, frozenset(known.states)) if known and known.cursor else None
+        journal = JournalSource(JournalPlace(config.namespace, config.directory), resume=resume)
+        agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, recorder, restored=known if resume else None)
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(lambda: agent.snapshot))
         ProcessCollector(namespace="llmstartup_exporter", registry=registry)

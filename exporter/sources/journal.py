@@ -77,11 +77,15 @@ class Follower:
         send: Callable[[str, object], None],
         cursor: str | None = None,
         backfilled: frozenset[str] = frozenset(),
+        resuming: bool = False,
     ) -> None:
         self.place = place
         self._send = send
         self.cursor = cursor
         self.units = backfilled
+        # The backfilled units are a checkpoint's: read up to the cursor only if it can be used; if it
+        # cannot, they are read from this boot's start as new units are.
+        self._resuming = resuming
         self._position = 0  # realtime µs of the newest live entry: backfills read up to it
 
     def follow(self, new_units: Callable[[], frozenset[str]], stopping: Callable[[], bool]) -> None:
@@ -120,22 +124,31 @@ class Follower:
             reader.close()
 
     def _seek(self, reader: journal.Reader) -> list[Observation | XidError]:
-        """Stand on the last entry already handed over; what the seek lands on that was not, is returned."""
+        """Stand on the last entry already handed over; what the seek lands on that was not, is returned.
+        Says ("seek", (kept, why)) whether it could go on from the cursor it was given."""
+        resuming, self._resuming = self._resuming, False
         if self.cursor:
+            why = "it is in none of the journal's files (another boot's, or wiped)"
             try:
                 reader.seek_cursor(self.cursor)
                 if reader._next():
+                    self._position = reader._get_realtime()
                     if reader.test_cursor(self.cursor):  # the entry at the cursor was processed
-                        self._position = reader._get_realtime()
+                        self._send("seek", (True, ""))
                         return []
                     # the cursor's entry is gone (vacuumed): this is the next one, not yet read
                     fields, t = _entry(reader)
-                    self._position = reader._get_realtime()
+                    self._send("seek", (True, "its entry was vacuumed: going on from the next one there is"))
                     return to_observations(fields, t, self.units)
-            except (OSError, ValueError):  # a cursor from a wiped journal, or garbage
-                pass
+            except (OSError, ValueError) as error:  # a cursor from a wiped journal, or garbage
+                why = f"it cannot be read ({error})"
+            self._send("seek", (False, f"the journal position {self.cursor[:48]}… cannot be used: {why}"))
+            self.cursor = None
+            if resuming:
+                self.units = frozenset()
         # No usable cursor: stand on the newest entry; seek_tail() then next() is unreliable
-        # (python-systemd#146), seek_tail() then previous() is not.
+        # (python-systemd#146), seek_tail() then previous() is not. Where the live reading starts is
+        # handed over at once: the position the agent's state reflects before a line comes.
         reader.seek_tail()
         reader.get_previous()
         try:
@@ -143,6 +156,7 @@ class Follower:
             self.cursor = reader._get_cursor()
         except OSError:  # an empty journal
             self._position = 0
+        self._send("lines", ([], self.cursor))
         return []
 
     def _hand_over(self, batch: list[Observation | XidError], reader: journal.Reader) -> None:

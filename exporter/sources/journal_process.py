@@ -4,19 +4,28 @@ libsystemd maps journal files; when journald truncates one under a reader (v250โ
 version on a filesystem without hole punching), touching it kills the reading process with SIGBUS
 and no exception (docs/reliability.md ยง1.2). Only this child dies; the parent keeps what it has and
 starts a new child that resumes after the last entry it handed over.
+
+The child is a plain `python -m exporter.sources.journal_process` (no multiprocessing: no resource
+tracker process, and no module loaded that the reading does not need), started with SIGTERM and SIGINT
+ignored before it runs a line (systemd's stop and a terminal's Ctrl-C reach every process of the agent;
+they are the parent's to handle, which then stops the child). The two talk over a pair of pipes in
+length-prefixed pickles.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
+import pickle
 import queue
+import select
 import signal
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from multiprocessing.connection import Connection
 
 from exporter.core.model import Observation, XidError
 from exporter.sources.journal import Follower, JournalPlace
@@ -25,46 +34,86 @@ from exporter.sources.status import SourceStatus
 logger = logging.getLogger(__name__)
 
 BACKOFF_MAX = 30.0
+HEADER = struct.Struct("<I")
 
 
-def _child(place: JournalPlace, conn: Connection, cursor: str | None, backfilled: frozenset[str]) -> None:
+class Pipe:
+    """One end of a pipe, carrying whole messages: a 4-byte length, then the pickle."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, message: object) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(HEADER.pack(len(data)) + data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def ready(self, timeout: float) -> bool:
+        return bool(select.select([self.fd], [], [], timeout)[0])
+
+    def receive(self) -> object:
+        (size,) = HEADER.unpack(self._exactly(HEADER.size))
+        return pickle.loads(self._exactly(size))
+
+    def _exactly(self, size: int) -> bytes:
+        parts = []
+        while size:
+            part = os.read(self.fd, min(size, 1 << 20))
+            if not part:
+                raise EOFError("the other end closed the pipe")
+            parts.append(part)
+            size -= len(part)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def main(commands: int, results: int) -> None:
     """The child: follow the journal, send what it reads, stop with the parent."""
+    inbox, outbox = Pipe(commands), Pipe(results)
     parent = os.getppid()
-    # A terminal's Ctrl-C and systemd's stop (KillMode=control-group) reach every process of the
-    # agent: they are the parent's to handle, which then stops this child itself
-    for stop in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(stop, signal.SIG_IGN)
+    place, cursor, backfilled, resuming = inbox.receive()  # type: ignore[misc]
     watched: frozenset[str] = backfilled
 
     def new_units() -> frozenset[str]:
         nonlocal watched
-        while conn.poll():
-            kind, payload = conn.recv()
+        while inbox.ready(0):
+            kind, payload = inbox.receive()  # type: ignore[misc]
             if kind == "stop":
                 raise SystemExit(0)
             watched = payload
         return watched
 
-    def send(kind: str, payload: object) -> None:
-        conn.send((kind, payload))
-
     try:
-        Follower(place, send, cursor, backfilled).follow(new_units, lambda: os.getppid() != parent)
+        Follower(place, lambda kind, payload: outbox.send((kind, payload)), cursor, backfilled, resuming).follow(
+            new_units, lambda: os.getppid() != parent)
     except (BrokenPipeError, EOFError, SystemExit):  # the parent is gone or asked us to stop
         pass
 
 
 class JournalSource:
-    """Follows this boot's journal for the watched units, through a supervised child process."""
+    """Follows this boot's journal for the watched units, through a supervised child process.
 
-    def __init__(self, place: JournalPlace, wall: Callable[[], float] = time.time) -> None:
+    `resume`: the cursor and the units of a checkpoint (exporter.core.checkpoint): the child goes on
+    from the cursor, and those units count as read up to it once it says it could (`resumed`); when it
+    cannot, `resume_lost` says why, and they are read from this boot's start as new units are.
+    """
+
+    def __init__(self, place: JournalPlace, wall: Callable[[], float] = time.time,
+                 resume: tuple[str, frozenset[str]] | None = None) -> None:
         self.place = place
-        self._context = multiprocessing.get_context("spawn")  # never fork a process holding a Reader
         self._units: frozenset[str] = frozenset()
-        self._out: queue.SimpleQueue[Observation | XidError] = queue.SimpleQueue()
+        self._out: queue.SimpleQueue[tuple[list[Observation | XidError], str | None]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._supervise, name="journal", daemon=True)
-        self.cursor: str | None = None  # the last entry handed over live
+        self.cursor: str | None = resume[0] if resume else None  # the last entry handed over live
+        self.drained_cursor: str | None = self.cursor  # the last entry of what drain() gave: the agent's state reflects it
+        self._resume_units = resume[1] if resume else frozenset()
+        self._resuming = resume is not None
+        self.resumed = False  # the child went on from the checkpoint's cursor
+        self.resume_lost: str | None = None  # why it could not
         self.ready_units: frozenset[str] = frozenset()  # units whose earlier lines are all handed over
         self.seen_units: frozenset[str] = frozenset()  # units with at least one entry this boot
         self.restarts = 0  # times the reader died and was started again
@@ -83,13 +132,16 @@ class JournalSource:
         self._thread.join(timeout=5)
 
     def drain(self) -> list[Observation | XidError]:
-        """Everything read since the last call, in journal order."""
-        out = []
+        """Everything read since the last call, in journal order; `drained_cursor` says how far."""
+        out: list[Observation | XidError] = []
         while True:
             try:
-                out.append(self._out.get_nowait())
+                batch, cursor = self._out.get_nowait()
             except queue.Empty:
                 return out
+            out += batch
+            if cursor:
+                self.drained_cursor = cursor
 
     def _supervise(self) -> None:
         backoff = 1.0
@@ -105,52 +157,74 @@ class JournalSource:
             self._stop.wait(backoff)
 
     def _run_child(self) -> int | None:
-        conn, child_conn = self._context.Pipe()
-        process = self._context.Process(
-            target=_child, args=(self.place, child_conn, self.cursor, self.ready_units), name="journal-reader",
-            daemon=True,
-        )
-        process.start()
-        child_conn.close()
+        commands_read, commands_write = os.pipe()
+        results_read, results_write = os.pipe()
+        # `trap ''` ignores the stop signals before Python starts: an ignored signal stays ignored
+        # across exec, so even one sent while the child imports is the parent's alone.
+        argv = ["/bin/sh", "-c", 'trap "" TERM INT; exec "$@"', "sh", sys.executable, "-m", __name__,
+                str(commands_read), str(results_write)]
+        process = subprocess.Popen(argv, pass_fds=(commands_read, results_write), stdin=subprocess.DEVNULL)
+        os.close(commands_read)
+        os.close(results_write)
+        outbox, inbox = Pipe(commands_write), Pipe(results_read)
         self.child_pid = process.pid
-        sent: frozenset[str] = self.ready_units
+        backfilled = self._resume_units if self._resuming else self.ready_units
+        sent: frozenset[str] = backfilled
         try:
+            outbox.send((self.place, self.cursor, backfilled, self._resuming))
             while not self._stop.is_set():
                 if self._units != sent:
-                    conn.send(("watch", self._units))
+                    outbox.send(("watch", self._units))
                     sent = self._units
-                if conn.poll(0.2):
-                    self._receive(*conn.recv())
-                elif not process.is_alive():
+                if inbox.ready(0.2):
+                    self._receive(*inbox.receive())  # type: ignore[misc]
+                elif process.poll() is not None:
                     break
         except (EOFError, OSError):  # the child died mid-message
             pass
         finally:
             if self._stop.is_set():
                 try:
-                    conn.send(("stop", None))
+                    outbox.send(("stop", None))
                 except OSError:
                     pass
-                process.join(timeout=2)
-                if process.is_alive():
+                try:
+                    process.wait(timeout=2)
+                except subprocess.TimeoutExpired:
                     process.kill()
-            process.join(timeout=5)
-            conn.close()
-        return process.exitcode
+            process.wait()
+            outbox.close()
+            inbox.close()
+        return process.returncode
 
     def _receive(self, kind: str, payload: object) -> None:
         if kind == "lines":
             batch, cursor = payload  # type: ignore[misc]
+            self._out.put((batch, cursor))
             for obs in batch:
-                self._out.put(obs)
                 unit = getattr(obs, "unit", None)
                 if unit and unit not in self.seen_units:
                     self.seen_units |= {unit}
             if cursor:
                 self.cursor = cursor
+        elif kind == "seek":
+            kept, why = payload  # type: ignore[misc]
+            if self._resuming:  # the first child's answer to the checkpoint
+                self._resuming = False
+                if kept:
+                    self.ready_units = self._resume_units
+                    self.resumed = True
+                else:
+                    self.resume_lost = why
+            if why:
+                logger.warning("journal: %s", why)
         elif kind == "ready":
             self.ready_units = payload  # type: ignore[assignment]
         elif kind == "ok":
             self.status.ok(str(payload))
         elif kind == "down":
             self.status.down(str(payload))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
