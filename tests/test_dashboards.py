@@ -17,12 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("grafana_foundation_sdk")
-yaml = pytest.importorskip("yaml")
+import yaml
 
 from exporter.core.grammar import VALUES
 from exporter.core.model import Phase, Signal, Verdict
+from tests.needs import missing, module
+
+module("grafana_foundation_sdk", "grafana-foundation-sdk (the test extra)")
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -198,7 +199,7 @@ def test_panel_queries_fill_in_the_variables() -> None:
 def test_every_query_parses(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool is not installed (Debian package prometheus)")
+        missing("promtool (Debian package prometheus)")
     rules = {
         "groups": [
             {

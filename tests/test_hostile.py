@@ -33,6 +33,7 @@ import pytest
 
 from exporter.shell.demo import sandbox
 from exporter.core.entries import LIFECYCLE_IDS
+from tests.needs import missing
 from tests.scrape import INTERVAL, SILENCE, STALL, Scrape, fetch, free_port, try_fetch, wait_for
 
 NOBODY = 65534
@@ -507,7 +508,7 @@ def _nobody_python() -> tuple[str, dict[str, str]]:
     if system:
         candidates.append((system, {**base, "PYTHONPATH": os.pathsep.join([repo, *site.getsitepackages()])}))
     if not shutil.which("setpriv"):
-        pytest.skip("setpriv (util-linux) is needed to run the agent as nobody")
+        missing("setpriv (Debian package util-linux), to run the agent as nobody")
     # The agent starts its journal reader by running sys.executable again, now as nobody: the probe does
     # too. (setpriv execs its command before it drops every capability, so a path nobody may not resolve
     # can start once, and then its child dies with status 255.)

@@ -11,6 +11,7 @@ from PIL import Image
 
 from exporter.core.landing import COLOURS
 from exporter.core.model import Phase
+from tests.needs import needs
 from tests.scrape import Scrape, fetch, wait_for
 from tests.test_operator import READY_QUICKLY
 from tests.test_serve import HANG_AFTER_COMPILE
@@ -41,7 +42,7 @@ def test_api_units(two_units):
     assert docs[ready.name]["timeline"][-1]["phase"] == "ready"
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by .ci/setup")
+@needs(CHROMIUM, "chromium (Debian package chromium)")
 def test_landing_page_in_a_browser(two_units, tmp_path):
     port, ready, hang = two_units
     url = f"http://127.0.0.1:{port}/"
