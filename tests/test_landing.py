@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from html.parser import HTMLParser
 
 import pytest
 from PIL import Image
@@ -42,20 +43,79 @@ def test_api_units(two_units):
     assert docs[ready.name]["timeline"][-1]["phase"] == "ready"
 
 
+class Bars(HTMLParser):
+    """Each unit's timeline bars as the browser built them: unit → [[(phase, width %, colour), …], …]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.units: dict[str, list[list[tuple[str, float, str]]]] = {}
+        self._unit = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        classes = (a.get("class") or "").split()
+        if "unit" in classes:
+            self._unit = a["id"] or ""
+            self.units[self._unit] = []
+        elif "bar" in classes:
+            self.units[self._unit].append([])
+        elif "span" in classes:
+            style = dict(part.split(":", 1) for part in (a.get("style") or "").split(";") if ":" in part)
+            width = float(style["flex"].split()[-1].rstrip("%"))
+            self.units[self._unit][-1].append(((a.get("title") or "").split()[0], width, style["background"]))
+
+
+def _rgb(colour: str) -> tuple[int, int, int]:
+    hexa = colour.lstrip("#")
+    return tuple(int(hexa[i:i + 2], 16) for i in (0, 2, 4))  # type: ignore[return-value]
+
+
+def _longest_runs(image: Image.Image) -> dict[tuple[int, int, int], int]:
+    """The longest horizontal run of each colour, in pixels: a bar's span is long, the legend's squares are not."""
+    width, height = image.size
+    pixels = image.load()
+    longest: dict[tuple[int, int, int], int] = {}
+    for y in range(height):
+        run, colour = 0, None
+        for x in range(width):
+            here = pixels[x, y]
+            run = run + 1 if here == colour else 1
+            colour = here
+            if run > longest.get(here, 0):
+                longest[here] = run
+    return longest
+
+
 @needs(CHROMIUM, "chromium (Debian package chromium)")
 def test_landing_page_in_a_browser(two_units, tmp_path):
     port, ready, hang = two_units
     url = f"http://127.0.0.1:{port}/"
     profile = ["--user-data-dir=" + str(tmp_path / "profile")]
     dom = subprocess.run([CHROMIUM, *FLAGS, *profile, "--dump-dom", url], capture_output=True, text=True, timeout=60)
-    assert ready.name in dom.stdout and hang.name in dom.stdout
-    assert "compiling" in dom.stdout and "ready" in dom.stdout
+    docs = {d["unit"]: d for d in json.loads(fetch(port, "/api/v1/units"))}
+    bars = Bars()
+    bars.feed(dom.stdout)
+
+    # Each unit's bar of this start: the phases of its timeline, in order, each in its colour, each as
+    # wide as its share of the start (an instant, like ready, at the least width).
+    widest = {}
+    for unit in (ready, hang):
+        doc = docs[unit.name]
+        [spans] = bars.units[unit.name]  # this start only: neither has had a start before
+        assert [phase for phase, _, _ in spans] == [p["phase"] for p in doc["timeline"]], unit.name
+        assert [colour for _, _, colour in spans] == [COLOURS[Phase(p["phase"])] for p in doc["timeline"]]
+        for (phase, width, _), period in zip(spans, doc["timeline"]):
+            share = period["duration_seconds"] / doc["startup_seconds"] * 100
+            assert width == pytest.approx(max(share, 0.4), abs=3), (unit.name, phase)
+        widest[unit.name] = max(spans, key=lambda span: span[1])
+    assert [p["phase"] for p in docs[ready.name]["timeline"]][-1] == "ready"
+    assert widest[hang.name][0] == "compiling", "the hang has spent its start compiling"
+    assert docs[hang.name]["verdict"] in ("silent_progress", "stalled")
 
     shot = tmp_path / "landing.png"
     subprocess.run([CHROMIUM, *FLAGS, *profile, f"--screenshot={shot}", "--window-size=1280,900", url],
                    capture_output=True, timeout=60, check=True)
-    colours = {rgb for _, rgb in Image.open(shot).convert("RGB").getcolors(1280 * 900)}
-    # Each unit's timeline shows the phases it went through, each in its own colour.
-    for phase in (Phase.LOADING_WEIGHTS, Phase.COMPILING, Phase.READY):
-        hexa = COLOURS[phase].lstrip("#")
-        assert tuple(int(hexa[i:i + 2], 16) for i in (0, 2, 4)) in colours, f"{phase} is not on the page"
+    runs = _longest_runs(Image.open(shot).convert("RGB"))
+    # Drawn: the widest span of each bar is a long stretch of its phase's colour (a legend square is ~12 px).
+    for unit, (phase, width, colour) in widest.items():
+        assert runs.get(_rgb(colour), 0) >= 100, f"{unit}'s {phase} span ({width}%) is not drawn in {colour}"
