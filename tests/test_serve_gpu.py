@@ -60,10 +60,12 @@ def test_gpu_memory_growing_while_silent_is_progress_and_flat_is_stalled(agent, 
     assert shown.value("llmstartup_source_up", source="gpu") == 1
     assert shown.all("llmstartup_gpu_info")[0].labels["name"] == "NVIDIA H200"
 
-    # The memory stops moving, and nothing else moves: stalled within the threshold plus two samples.
-    stopped = time.monotonic()
-    wait_for(lambda: verdict(port, unit) == "stalled", STALL + 2 * INTERVAL + 2, "the stalled verdict")
-    assert time.monotonic() - stopped >= STALL - 1
+    # The memory stops moving, and nothing else moves: silent progress while the last change is within
+    # the stall threshold, then stalled (how soon is bench/stall.py's figure; test_tracker.py has the edge).
+    after: list[str | None] = []
+    wait_for(lambda: after.append(verdict(port, unit)) or after[-1] == "stalled", 60, "the stalled verdict")
+    changes = [v for v, before in zip(after, [None, *after]) if v != before]
+    assert changes == ["silent_progress", "stalled"], changes
 
 
 def test_a_blocked_nvml_call_stalls_only_the_gpu_evidence(agent, silent_unit, fake_nvml, record_property):
