@@ -133,16 +133,16 @@ def test_text_output(journal_file):
 
 
 @pytest.mark.parametrize(
-    ("args", "says"),
+    ("args", "code", "says"),
     [
-        pytest.param(["/nonexistent/vllm.log"], "cannot read /nonexistent/vllm.log", id="a file that is not there"),
-        pytest.param(["/dev/null"], "no model-server startup found", id="an empty file"),
-        pytest.param(["-", "--engine", "nosuch"], "invalid choice", id="an unknown engine"),
+        pytest.param(["/nonexistent/vllm.log"], 1, "cannot read /nonexistent/vllm.log", id="a file that is not there: 1"),
+        pytest.param(["/dev/null"], 1, "no model-server startup found", id="an empty file: 1"),
+        pytest.param(["-", "--engine", "nosuch"], 2, "invalid choice", id="an unknown engine: 2"),
     ],
 )
-def test_bad_input(args, says):
+def test_bad_input(args, code, says):
     done = replay(*args, stdin=b"")
-    assert done.returncode != 0
+    assert done.returncode == code, done.stderr.decode()
     assert says in done.stderr.decode()
 
 
