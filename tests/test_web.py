@@ -11,6 +11,7 @@ import datetime
 import http.client
 import ipaddress
 import os
+import select
 import socket
 import ssl
 import subprocess
@@ -188,6 +189,12 @@ def refused(call: Callable[[], Reply]) -> bool:
     return False
 
 
+def _unanswered(sockets: list[socket.socket]) -> list[socket.socket]:
+    """The sockets the server has neither answered nor closed yet."""
+    readable, _, _ = select.select(sockets, [], [], 0)
+    return [sock for sock in sockets if sock not in readable]
+
+
 # TLS
 
 
@@ -295,9 +302,9 @@ def test_password_guessing_does_not_delay_a_remembered_scrape(start, sockets):
     for _ in range(50):
         sockets.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
         sockets[-1].sendall(f"GET /metrics HTTP/1.1\r\nAuthorization: Basic {guess}\r\n\r\n".encode())
-    began = time.monotonic()
-    assert request(server, auth=("alice", PASSWORD), timeout=3).status == 200
-    assert time.monotonic() - began < 1
+    assert request(server, auth=("alice", PASSWORD), timeout=30).status == 200
+    # answered ahead of the guesses: some are still waiting their turn at bcrypt (how fast: bench/web.py)
+    assert _unanswered(sockets), "the scrape waited for every guess to be checked"
     answers = [sock.recv(12) for sock in sockets]
     assert {a[9:12] for a in answers} == {b"401", b"503"}, "the excess guesses are refused, not queued"
 
@@ -389,9 +396,9 @@ def test_silent_and_stalled_clients_do_not_delay_a_scrape(start, pki, sockets):
                                                  do_handshake_on_connect=False)
         elif i >= 250:  # one that stops halfway through it
             sock.sendall(half_hello)
-    began = time.monotonic()
-    reply = request(server, context=pki.client_context(), timeout=3)
-    assert reply.status == 200 and time.monotonic() - began < 3
+    reply = request(server, context=pki.client_context(), timeout=30)
+    assert reply.status == 200
+    assert len(_unanswered(sockets)) == len(sockets), "answered while the attack runs: every attacker still held"
     assert _thread_count() <= threads + 1, "connections must not spawn threads"
 
 
@@ -401,8 +408,8 @@ def test_half_open_requests_do_not_delay_a_scrape(start, sockets):
     for _ in range(300):  # slowloris: a request head that never ends
         sockets.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
         sockets[-1].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-    began = time.monotonic()
-    assert request(server, timeout=3).status == 200 and time.monotonic() - began < 3
+    assert request(server, timeout=30).status == 200
+    assert len(_unanswered(sockets)) == len(sockets), "answered while the attack runs: every attacker still held"
     assert _thread_count() <= threads + 1
 
 
