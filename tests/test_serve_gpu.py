@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
 
 from tests.scrape import INTERVAL, STALL, Scrape, fetch, wait_for
@@ -168,3 +169,21 @@ def test_an_xid_on_its_gpu_is_why_the_start_failed(agent, silent_unit, fake_nvml
                  "the start to fail")
     assert s.value("llmstartup_failures_total", unit=unit.name, phase="compiling", reason="gpu_xid") == 1
     assert s.value("llmstartup_gpu_xid_errors_total", gpu="1", xid="48") == 1
+
+
+def test_graphics_and_mps_memory_count_with_compute(agent, silent_unit, fake_nvml):
+    """Each of the unit's processes is in any of NVML's three listings; its memory is summed per GPU, once
+    per process even where a process is in two listings of one GPU (NVML gives it the same value in each)."""
+    fake_nvml.add_device()
+    fake_nvml.add_device()
+    unit = silent_unit()
+    [engine] = psutil.Process(unit.pid).children()  # the EngineCore child its first EngineCore line forked
+    fake_nvml.add_process(0, unit.pid, 4 * GiB, "compute")
+    fake_nvml.add_process(0, engine.pid, 6 * GiB, "graphics")
+    fake_nvml.add_process(0, engine.pid, 6 * GiB, "compute")
+    fake_nvml.add_process(1, engine.pid, 3 * GiB, "mps")
+    fake_nvml.add_process(1, unit.pid, 1 * GiB, "graphics")
+    port = agent(unit.name, env=fake_nvml.env(), gpu=True)
+    wait_for(lambda: (s := scrape(port)).value("llmstartup_gpu_memory_used_bytes", unit=unit.name, gpu="0") == 10 * GiB
+             and s.value("llmstartup_gpu_memory_used_bytes", unit=unit.name, gpu="1") == 4 * GiB,
+             10, "10 GiB on GPU 0 and 4 GiB on GPU 1: compute, graphics and MPS, each process once")
