@@ -11,6 +11,7 @@ import json
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import os
 import sys
@@ -187,3 +188,29 @@ def test_a_stop_signal_while_the_agent_reads_the_history_stops_it_cleanly(stop, 
     [rt] = closed
     assert not rt.journal._thread.is_alive() and not psutil.pid_exists(rt.journal.child_pid), "the reader was left"
     assert try_fetch(port) is None, "the HTTP server was left listening"
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        pytest.param(["--web.listen-address", "127.0.0.1:{busy}"], "cannot listen on 127.0.0.1:{busy}: Address already in use",
+                     id="address in use"),
+        pytest.param(["--path.cgroupfs", "{tmp}/nowhere"], "no cgroup v2 hierarchy at {tmp}/nowhere",
+                     id="no cgroup v2 there"),
+        pytest.param(["--path.cgroupfs", "{tmp}"], "no cgroup v2 hierarchy at {tmp}", id="a folder that is no cgroup v2"),
+        pytest.param(["--journal.directory", "{tmp}/no-journal"], "--journal.directory {tmp}/no-journal: no such directory",
+                     id="missing journal directory"),
+    ],
+)
+def test_serve_that_cannot_start_says_why_and_exits_1(flags, says, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        names = {"busy": busy.getsockname()[1], "tmp": tmp_path}
+        argv = ["--journal.directory", str(tmp_path), "--web.listen-address", f"127.0.0.1:{free_port()}",
+                "--no-collector.gpu", "--state.path", str(tmp_path / "state.db"), *(f.format(**names) for f in flags)]
+        done = subprocess.run([sys.executable, "-m", "exporter", "serve", *argv], capture_output=True, text=True,
+                              timeout=30)
+    assert done.returncode == 1, done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("level=ERROR ")]
+    assert says.format(**names) in error and "Traceback" not in done.stderr, done.stderr
