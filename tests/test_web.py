@@ -254,6 +254,23 @@ def test_client_certificate_if_given(start, pki):
     assert refused(lambda: request(server, context=pki.client_context("stranger")))
 
 
+@pytest.mark.parametrize(
+    ("mode", "with_ca", "answered"),
+    [
+        pytest.param("RequestClientCert", False, {None: True, "stranger": True, "client": True},
+                     id="RequestClientCert: never asks, so any client"),
+        pytest.param("RequireAnyClientCert", True, {None: False, "stranger": False, "client": True},
+                     id="RequireAnyClientCert: one signed by client_ca_file (Python's ssl verifies what it asks for)"),
+        pytest.param("RequireClientCert", True, {None: False, "stranger": False, "client": True},
+                     id="RequireClientCert: the toolkit's old name of RequireAnyClientCert"),
+    ],
+)
+def test_client_auth_modes(start, pki, mode, with_ca, answered):
+    server = start(pki.tls(f"  client_auth_type: {mode}\n" + (f"  client_ca_file: {pki.ca}\n" if with_ca else "")))
+    for cert, ok in answered.items():
+        assert refused(lambda: request(server, context=pki.client_context(cert))) is not ok, (mode, cert)
+
+
 # Basic auth
 
 
@@ -515,6 +532,7 @@ BAD = {  # case: (the file, or None for none; what the error says)
     "unsupported rate_limit": ("rate_limit:\n  interval: 1s\n  burst: 5\n", "rate_limit is not supported"),
     "unsupported cipher_suites": (TLS + "  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
                                   "cipher_suites is not supported"),
+    "unsupported curve_preferences": (TLS + "  curve_preferences: [X25519]\n", "curve_preferences is not supported"),
 }
 
 
