@@ -14,7 +14,7 @@ from exporter.core.landing import COLOURS
 from exporter.core.model import Phase
 from tests.needs import needs
 from tests.scrape import Scrape, fetch, wait_for
-from tests.test_operator import READY_QUICKLY
+from tests.test_operator import READY_QUICKLY, llmstartup
 from tests.test_serve import HANG_AFTER_COMPILE
 
 CHROMIUM = shutil.which("chromium")
@@ -41,6 +41,52 @@ def test_api_units(two_units):
     assert {"unit", "engine", "phase", "verdict", "phase_seconds", "startup_seconds", "last_log_age_seconds",
             "signals", "timeline"} <= docs[hang.name].keys()
     assert docs[ready.name]["timeline"][-1]["phase"] == "ready"
+
+
+# What changes between two looks a second apart at a running unit: left out of the comparison.
+MOVING = {"phase_seconds", "startup_seconds", "last_log_age_seconds", "signals", "expected_remaining_seconds"}
+
+
+def test_the_api_is_status_json(two_units, journald):
+    """/api/v1/units and `llmstartup status --format json` are one document per unit, field for field."""
+    port, ready, hang = two_units
+    done = llmstartup(journald, "status", ready.name, hang.name, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    api = {d["unit"]: d for d in json.loads(fetch(port, "/api/v1/units"))}
+    status = {d["unit"]: d for d in json.loads(done.stdout)}
+    assert api.keys() == status.keys() == {ready.name, hang.name}
+    for unit in api:
+        assert api[unit].keys() == status[unit].keys(), unit
+        steady = {k: v for k, v in api[unit].items() if k not in MOVING | {"timeline", "startup_start"}}
+        assert steady == {k: status[unit][k] for k in steady}, unit
+        # the times of the agent's and status's folds of the same lines and samples agree
+        assert [p["phase"] for p in api[unit]["timeline"]] == [p["phase"] for p in status[unit]["timeline"]]
+        for key in ("startup_seconds", "phase_seconds"):
+            assert api[unit][key] == pytest.approx(status[unit][key], abs=15), (unit, key)
+
+
+def test_signals_and_the_previous_start_in_the_api(two_units, units):
+    port, ready, hang = two_units
+    doc = {d["unit"]: d for d in json.loads(fetch(port, "/api/v1/units"))}
+    signals = doc[hang.name]["signals"]
+    assert signals.keys() == {"cpu_cores", "io_bytes_per_second", "gpu_memory_bytes",
+                              "gpu_memory_change_since_last_log_bytes", "processes"}
+    assert signals["processes"] >= 1 and signals["cpu_cores"] >= 0 and signals["gpu_memory_bytes"] is None  # no GPU
+    assert doc[hang.name]["previous_timeline"] == []
+    before = doc[ready.name]["timeline"]
+
+    ready.stop()
+    again = units("ready", READY_QUICKLY)  # the same unit, started again
+
+    def second_start_ready() -> dict | None:
+        doc = {d["unit"]: d for d in json.loads(fetch(port, "/api/v1/units"))}[again.name]
+        return doc if doc["phase"] == "ready" and doc["timeline"][0]["start"] > before[-1]["start"] else None
+
+    after = wait_for(second_start_ready, 30, "the second start ready")
+    assert after["previous_timeline"][:-1] == before[:-1], "the start before, as it was shown"
+    # ready is where it settled; the start before then ended when its processes did
+    assert [p["phase"] for p in after["previous_timeline"]][-1] == "ready"
+    assert after["signals"] is not None
 
 
 class Bars(HTMLParser):

@@ -53,6 +53,12 @@ def add_source_flags(parser: argparse.ArgumentParser) -> None:
                         help="the cgroup v2 mount (default: found in /proc/self/mountinfo)")
 
 
+def add_history_flag(parser: argparse.ArgumentParser) -> None:
+    """status and wait learn from the agent's history when there is one; they never start one."""
+    parser.add_argument("--state.path", dest="state_path", type=Path, default=STATE_PATH, metavar="FILE",
+                        help="the agent's history of starts, read when it exists (default /var/lib/llmstartup/history.db)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llmstartup",
@@ -84,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="units to show (default: every model-server unit found)")
     status.add_argument("--format", choices=["text", "json"], default="text", help="default text")
     add_source_flags(status)
+    add_history_flag(status)
 
     wait = commands.add_parser(
         "wait", help="block until a unit is ready (0), failed (1), stalled (2) or the timeout passes (3)",
@@ -96,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print the evidence this often when nothing changes (default 30s; "
                       "on a terminal a live status line instead)")
     add_source_flags(wait)
+    add_history_flag(wait)
 
     replay = commands.add_parser(
         "replay", help="where did a saved log's startup go, and where did it hang",
@@ -132,7 +140,7 @@ def config_from(args: argparse.Namespace) -> Config:
         silence=args.silence,
         stall=args.stall,
         # status and wait learn from the agent's history when there is one; they never start one
-        state_path=getattr(args, "state_path", STATE_PATH if STATE_PATH.exists() else None),
+        state_path=args.state_path if args.command == "serve" or args.state_path.exists() else None,
         gpu=args.gpu,
         cgroup_root=args.cgroup_root,
         web_config=getattr(args, "web_config", None),
