@@ -209,3 +209,17 @@ def test_a_stop_sent_to_the_whole_group_is_quiet(journald, tmp_path):
         finally:
             agent.kill()
         assert "journal reader died" not in log.read_text(), log.read_text()
+
+
+def test_a_dead_reader_is_counted_in_the_exposition(agent, units, journal_records):
+    import psutil
+
+    hang = units("hang", [{"log": "vLLM API server version 0.11.0"}, {"hang": True}])
+    port = agent(hang.name)
+    assert Scrape(fetch(port)).value("llmstartup_journal_reader_restarts_total") == 0
+    [serve] = [p for p in _agents() if str(port) in " ".join(p.cmdline())]
+    [reader] = [c for c in serve.children() if "spawn_main" in " ".join(c.cmdline())]  # not the resource tracker
+    reader.send_signal(signal.SIGBUS)
+    wait_for(lambda: (s := Scrape(fetch(port))).value("llmstartup_journal_reader_restarts_total") == 1
+             and s.value("llmstartup_source_up", source="journal") == 1, 20, "the restart counted, the journal read again")
+    assert psutil.wait_procs([reader], timeout=5)[0], "the reader died"

@@ -128,6 +128,9 @@ def test_three_units_under_one_agent(agent, units, journal_records):
 
     assert final.value("llmstartup_source_up", source="journal") == 1
     assert final.value("llmstartup_source_up", source="processes") == 1
+    # the whole exposition, the agent's own process metrics included: no _created series, no pid or hostname
+    assert not [x.name for x in final.samples if x.name.endswith("_created")]
+    assert not {"pid", "hostname"} & {label for x in final.samples for label in x.labels}
     promtool = shutil.which("promtool")
     assert promtool, "promtool is installed by .ci/setup (Debian package prometheus)"
     lint = subprocess.run([promtool, "check", "metrics"], input=final.text, capture_output=True, text=True, check=False)
