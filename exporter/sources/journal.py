@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -30,6 +31,12 @@ class JournalPlace:
         if self.namespace is not None:
             return journal.Reader(namespace=self.namespace)
         return journal.Reader()
+
+    def has_files(self, reader: journal.Reader) -> bool:
+        """Whether there are journal files the reader can read: none means a wrong place or no permission."""
+        if self.directory is not None:  # has_*_files() know only the host's journal folders, not this one
+            return any(os.access(path, os.R_OK) for path in self.directory.rglob("*.journal"))
+        return bool(reader.has_persistent_files() or reader.has_runtime_files())
 
     def __str__(self) -> str:
         if self.directory is not None:
@@ -86,7 +93,7 @@ class Follower:
         reader = self.place.open()
         try:
             reader.this_boot()
-            if not (reader.has_persistent_files() or reader.has_runtime_files()):
+            if not self.place.has_files(reader):
                 raise OSError("no journal files can be read (missing, or not in the systemd-journal group?)")
             pending = self._seek(reader)
             while not stopping():
