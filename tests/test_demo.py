@@ -18,7 +18,7 @@ from tests.needs import needs
 from tests.scrape import Scrape, fetch, free_port, try_fetch, wait_for
 
 
-def _sandbox_here() -> str | None:
+def _why_no_sandbox() -> str | None:
     try:
         sandbox.preflight()
     except RuntimeError as error:
@@ -26,7 +26,8 @@ def _sandbox_here() -> str | None:
     return None
 
 
-pytestmark = needs(_sandbox_here() is None, f"the demo's journald sandbox: {_sandbox_here()}", root=True)
+WHY_NOT = _why_no_sandbox()
+pytestmark = needs(WHY_NOT is None, f"the demo's journald sandbox: {WHY_NOT}", root=True)
 
 
 def _demo(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
