@@ -2,7 +2,7 @@
 server quiet.
 
 The server is the agent's own (exporter.shell.http) in this process, rendering the exposition of the
-tests' hand-made snapshot (tests/test_golden.py: four units, two GPUs), with basic auth whose bcrypt
+tests' hand-made snapshot (tests/test_golden.py: five units, two GPUs), with basic auth whose bcrypt
 hash has cost 11 (a tenth of a second or more a check, as htpasswd -B makes them). A scrape is a GET on
 a new connection with the right password, which the server checked once and remembers, timed by the
 client from connect to the last byte. Three runs of the same number of scrapes:

@@ -6,8 +6,9 @@ again and commit them with it:
     LLMSTARTUP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py
 
 The snapshot is built by hand, not folded from observations, so that only the renderers are under
-test: four units (silent in a compile with a failed start before it, failed, ready, never started),
-two GPUs, an Xid, a source down and a restarted journal reader; every metric family has a series.
+test: five units (silent in a compile with a failed start before it, loading shards with its progress,
+failed, ready, never started), two GPUs, an Xid, a source down and a restarted journal reader; every
+metric family has a series.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from exporter.core.model import (
     Outcome,
     Phase,
     ProcessSample,
+    Progress,
     ProcessState,
     Reason,
     Signal,
@@ -139,10 +141,31 @@ def _ready() -> UnitView:
     return UnitView(state, Verdict.READY, Expectation(frozen_map({Phase.LOADING_WEIGHTS: Span(90.0, 120.0, 3)})))
 
 
+def _loading() -> UnitView:
+    """Loading its 163 shards, 61 read in the 90 s since the first: a first start, by its progress."""
+    unit = "vllm-deepseek.service"
+    shards = Progress(Phase.LOADING_WEIGHTS, "shard", total=163.0, done=61.0, at=990.0, remaining=None,
+                      first_at=900.0, first_done=0.0, advanced=990.0, advances=61, longest_wait=3.0, reports=62)
+    attempt = Attempt(started=880.0, invocation="c" * 32, phase=Phase.LOADING_WEIGHTS, phase_since=895.0,
+                      spans=((Phase.LAUNCHING, 880.0), (Phase.LOADING_WEIGHTS, 895.0)), progress=shards)
+    state = UnitState(
+        unit, "vllm", frozen_map({"engine_version": "0.11.0", "model": "deepseek-ai/DeepSeek-V3.1"}),
+        attempt=attempt, last_log=990.0, moved=frozen_map({Signal.LOG: 990.0, Signal.IO: 998.0}), watched_since=880.0,
+        last_process=ProcessSample(998.0, unit, frozenset({(6100, 880.0)}), 40.0, 300 * GiB, 0, 30 * GiB,
+                                   frozen_map({ProcessState.DISK_SLEEP: 1}), 880.0),
+        startups=frozen_map(), phase_durations=frozen_map({Phase.LAUNCHING: _hist(15.0)}),
+        last_phase_durations=frozen_map({Phase.LAUNCHING: 15.0}), cpu_total=40.0, read_total=300 * GiB,
+        cpu_rate=0.4, io_rate=3.2 * GiB,
+    )
+    expected = Expectation(frozen_map({Phase.COMPILING: Span(400.0, 450.0, 2), Phase.CAPTURING_GRAPHS: Span(60.0, 80.0, 2)}),
+                           Span(1500.0, 1600.0, 2))
+    return UnitView(state, Verdict.PROGRESSING, expected)
+
+
 SNAPSHOT = Snapshot(
     t=NOW,
     wall_offset=WALL,
-    units=(_compiling(), _failed(), _ready(), UnitView(UnitState("ollama.service", "ollama"), Verdict.INACTIVE)),
+    units=(_compiling(), _loading(), _failed(), _ready(), UnitView(UnitState("ollama.service", "ollama"), Verdict.INACTIVE)),
     sources=frozen_map({"journal": SourceHealth(True, WALL + 999.5), "processes": SourceHealth(True, WALL + 998.0),
                         "gpu": SourceHealth(False, WALL + 980.0)}),
     gpus=(Gpu("0", "GPU-0f3c9a64-1b2e-4d1a-9c55-6b0e7d4a2f10", "NVIDIA H200", "00000000:3B:00.0", 0.97),
