@@ -1,4 +1,4 @@
-"""`.venv/bin/python -m bench`: every benchmark of bench/README.md, in about 3 minutes, as root.
+"""`.venv/bin/python -m bench`: every benchmark of bench/README.md, in about 4 minutes, as root.
 
 Each figure is printed with the reference it is measured against in the same run, and the ratio;
 nothing is asserted. Exits 0 when every benchmark ran (whether or not its goal was met), 1 when one
@@ -16,7 +16,7 @@ import traceback
 
 from bench.common import Row, load_average, machine, say
 
-BENCHMARKS = ("ingest", "steady", "stall")  # steady is items 2 and 3: they share one rig
+BENCHMARKS = ("ingest", "steady", "stall", "web", "lines")  # steady is items 2 and 3: they share one rig
 QUIET = 0.5
 
 
@@ -57,11 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     say()
 
-    from bench import ingest, stall, steady
+    from bench import ingest, lines, stall, steady, web
 
     runs = {"ingest": lambda: ingest.run(args.entries),
             "steady": lambda: steady.run(args.window, args.scrapes),
-            "stall": stall.run}
+            "stall": stall.run,
+            "web": web.run,
+            "lines": lines.run}
     rows: list[Row] = []
     failed = []
     started = time.monotonic()

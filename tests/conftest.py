@@ -1,4 +1,5 @@
-"""Shared fixtures: a real private journald namespace, and scripted vLLM units logging into it."""
+"""Shared fixtures: a real private journald namespace, and scripted vLLM units logging into it; the
+`system` mark (tests that need root), the `needs` mark (tests/needs.py), and the run's closing lines."""
 
 from __future__ import annotations
 
@@ -7,22 +8,74 @@ import secrets
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from exporter.shell.demo import sandbox
 from tests.fake_nvml.fixtures import fake_nvml, fake_nvml_lib, fake_nvml_lib_no_v3  # noqa: F401
+from tests.needs import UNDER_CI, missing
 from tests.scrape import INTERVAL, SILENCE, STALL, free_port, try_fetch, wait_for
+
+# A test that uses one of these fixtures, itself or through another, needs root and a real journald.
+SYSTEM_FIXTURES = frozenset({"journald"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "system: needs root: a real journald, cgroups (set by tests/conftest.py)")
+    config.addinivalue_line("markers", "needs(found, what, root=False): see tests/needs.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `system` every test that needs root, so that `-m "not system"` runs the others; skip (outside
+    CI) the tests whose `needs` mark is not met."""
+    for item in items:
+        needs = list(item.iter_markers("needs"))
+        if any(mark.kwargs.get("root") for mark in needs) or SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.system)
+        for found, what in (mark.args for mark in needs):
+            if not found and not UNDER_CI:
+                item.add_marker(pytest.mark.skip(reason=what))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for found, what in (mark.args for mark in item.iter_markers("needs")):
+        if not found:
+            missing(what)  # under CI: a failure
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The lines every run ends with, passed or not: one call per section (add yours here)."""
+    _skips(terminalreporter)
+
+
+def _skips(reporter: Any) -> None:
+    reasons = Counter(_skip_reason(report) for report in reporter.stats.get("skipped", ()))
+    reporter.section("skips")
+    for reason, n in reasons.most_common():
+        reporter.write_line(f"{n:5d} skipped: {reason}")
+    if deselected := len(reporter.stats.get("deselected", ())):
+        reporter.write_line(f"{deselected:5d} deselected (-m or -k)")
+    reporter.write_line(f"{sum(reasons.values()):5d} skipped in all; " + (
+        "under CI (CI=true) a missing set-up step fails instead" if UNDER_CI
+        else "set CI=true to make a missing set-up step (.ci/setup) fail instead of skip"))
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
 
 
 @pytest.fixture(scope="session")
 def journald() -> Iterator[sandbox.Journald]:
-    """One `systemd-journald llmstartup-test-<random>` for the session; skipped where it cannot run."""
+    """One `systemd-journald llmstartup-test-<random>` for the session; skipped where it cannot run (failed under CI)."""
     try:
         sandbox.preflight()
     except RuntimeError as err:
-        pytest.skip(f"no real journald sandbox on this machine: {err}")
+        missing(f"no real journald sandbox on this machine: {err}")
     with sandbox.Journald(f"llmstartup-test-{secrets.token_hex(4)}") as instance:
         yield instance
 

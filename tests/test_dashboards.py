@@ -17,12 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("grafana_foundation_sdk")
-yaml = pytest.importorskip("yaml")
+import yaml
 
 from exporter.core.grammar import VALUES
 from exporter.core.model import Phase, Signal, Verdict
+from tests.needs import missing, module
+
+module("grafana_foundation_sdk", "grafana-foundation-sdk (the test extra)")
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -191,14 +192,17 @@ def test_panel_queries_fill_in_the_variables() -> None:
     one = panel_queries(unit="vllm-glm5\\.service", instance="gpu-1:9847")
     assert any('unit=~"vllm-glm5\\.service"' in expr for _, expr in one)
     assert all("$__" not in expr for _, expr in one)
-    signals = " ".join(e for t, e in one if t == "Silence and liveness signals")
-    assert "last_progress_timestamp_seconds" in signals and len(Signal) >= 5
+    # the signals panel draws a line per liveness signal, whichever there are: grouped by `signal`, none filtered
+    progress = [e for t, e in one if t == "Silence and liveness signals" and "last_progress_timestamp_seconds" in e]
+    assert progress and all(re.search(r"by \([^)]*\bsignal\b", e) and "signal=" not in e for e in progress), progress
+    [panel] = [p for d in DOCUMENTS.values() for p in dashboards.panels(d) if p["title"] == "Silence and liveness signals"]
+    assert all(str(signal) in panel["description"] for signal in Signal), "its description names every signal"
 
 
 def test_every_query_parses(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool is not installed (Debian package prometheus)")
+        missing("promtool (Debian package prometheus)")
     rules = {
         "groups": [
             {

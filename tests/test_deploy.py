@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.needs import needs
+
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "deploy" / "llmstartup.service"
 SHIPPED_BINARY = "/opt/llmstartup/bin/llmstartup"
 MAX_EXPOSURE = 3.0
 
 ANALYZE = shutil.which("systemd-analyze")
-pytestmark = pytest.mark.skipif(
-    ANALYZE is None, reason="systemd-analyze is not installed (Debian package systemd)"
-)
+pytestmark = needs(ANALYZE, "systemd-analyze (Debian package systemd)")
 
 
 def _analyze(*args: str) -> subprocess.CompletedProcess[str]:

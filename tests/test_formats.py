@@ -34,6 +34,7 @@ from exporter.core.lines import clean_records
 from exporter.core.model import Lifecycle, LogLine, XidError
 from exporter.core.entries import to_observations
 from exporter.sources.journal_file import is_journal_file, read_journal_file
+from tests.needs import missing
 
 FIXTURES = Path(__file__).parent / "formats"
 UTC = timezone.utc
@@ -625,7 +626,7 @@ def test_read_live_namespace_directory(journald) -> None:
 def test_journalctl_reads_the_fixture(journal_file: Path) -> None:
     """The fixture is a journal file journalctl itself accepts (where journalctl is installed)."""
     if shutil.which("journalctl") is None:
-        pytest.skip("no journalctl")
+        missing("journalctl (Debian package systemd)")
     out = subprocess.run(
         ["journalctl", "--file", str(journal_file), "-o", "export"], capture_output=True, check=True
     ).stdout

@@ -7,7 +7,7 @@ import pytest
 from dataclasses import replace
 
 from exporter.core.model import Gpu
-from exporter.sources.gpu import GpuReading, GpuSource, by_unit
+from exporter.sources.gpu import GpuReading, GpuSource, by_unit, host_to_local_pids, in_child_pid_namespace
 from tests.scrape import wait_for
 
 GiB = 2**30
@@ -61,3 +61,26 @@ def test_without_nvml_the_source_is_down_and_harmless():
         assert source.status.health.up is False
     finally:
         source.stop()
+
+
+def _proc(tmp_path, statuses: dict[str, str | None]):
+    """A /proc tree whose <pid>/status files hold these lines (None: a process gone before its status was read)."""
+    for name, nspid in statuses.items():
+        (tmp_path / name).mkdir()
+        if nspid is not None:
+            (tmp_path / name / "status").write_text(f"Name:\tpython3\nTgid:\t{name}\n{nspid}\nPPid:\t1\n")
+    (tmp_path / "meminfo").write_text("MemTotal: 1 kB\n")
+    return tmp_path
+
+
+def test_inside_a_pid_namespace_nvmls_host_pids_become_ours(tmp_path):
+    """NVML names processes by their host pid; in a container, /proc/<pid>/status's NSpid line
+    (outermost namespace first) says which of ours each one is."""
+    proc = _proc(tmp_path, {"self": "NSpid:\t31337\t7", "7": "NSpid:\t31337\t7", "12": "NSpid:\t40001\t12",
+                            "13": None, "99": "Umask:\t0022"})
+    assert in_child_pid_namespace(proc)
+    assert host_to_local_pids(proc) == {31337: 7, 40001: 12}
+
+
+def test_on_the_host_pids_are_nvmls_own(tmp_path):
+    assert not in_child_pid_namespace(_proc(tmp_path, {"self": "NSpid:\t4242", "4242": "NSpid:\t4242"}))

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import statistics
+import subprocess
+import sys
 
 import pytest
 
 from exporter.core.expectations import ceiling, learn, phase_durations
-from exporter.shell.history import KEEP_PER_UNIT, SCHEMA_VERSION, AttemptRecord, History
+from exporter.shell.history import SCHEMA_VERSION, AttemptRecord, History
 from exporter.core.model import Attempt, Phase
-from tests.scrape import Scrape, fetch, wait_for
+from tests.scrape import Scrape, fetch, free_port, try_fetch, wait_for
 from tests.test_operator import READY_QUICKLY
 
 
@@ -29,11 +33,10 @@ def test_a_start_is_stored_once(tmp_path):
 
 def test_old_starts_are_pruned(tmp_path):
     history = History(tmp_path / "h.db")
-    for n in range(KEEP_PER_UNIT + 5):
+    for n in range(205):
         history.record(record(started=float(n), loading_weights=1.0))
     kept = history.recent("vllm.service", limit=1000)
-    assert len(kept) == KEEP_PER_UNIT
-    assert kept[0].started == KEEP_PER_UNIT + 4
+    assert [r.started for r in kept] == [float(n) for n in range(204, 4, -1)], "the README: the newest 200 starts"
 
 
 def test_migration_from_the_first_schema(tmp_path):
@@ -113,15 +116,19 @@ def test_starts_are_learned_across_restarts_of_the_unit_and_of_the_agent(agent, 
     unit = units("learn", READY_QUICKLY)
     port = agent(f"{unit.name}=vllm")
     for n in range(2):
-        if n:
-            unit = units("learn", READY_QUICKLY)  # the same unit started again
+        if n:  # the same unit started again, 2 s longer in profiling: the median is neither start
+            unit = units("learn", [{"sleep": 5} if step == {"sleep": 3} else step for step in READY_QUICKLY])
         wait_for(lambda: Scrape(fetch(port)).value("llmstartup_startups_total", unit=unit.name, outcome="ready") == n + 1,
                  30, f"start {n + 1} ready")
         unit.stop()
     s = wait_for(lambda: (s := Scrape(fetch(port))).value("llmstartup_expected_phase_duration_seconds",
                                                             unit=unit.name, phase="loading_weights") is not None and s,
                  10, "an expectation learned")
-    assert s.value("llmstartup_expected_phase_duration_seconds", unit=unit.name, phase="compiling") >= 0
+    db = sqlite3.connect(tmp_path / "state.db")
+    profiled = [seconds for (seconds,) in db.execute("SELECT seconds FROM phase_durations WHERE phase = 'profiling'")]
+    assert len(profiled) == 2 and max(profiled) - min(profiled) > 1, profiled
+    assert s.value("llmstartup_expected_phase_duration_seconds", unit=unit.name, phase="profiling") == \
+        pytest.approx(statistics.median(profiled)), "the typical profiling is the median of the two learned"
 
     again = agent(f"{unit.name}=vllm")  # a second agent on the same history re-reads this boot's journal
     wait_for(lambda: Scrape(fetch(again)).value("llmstartup_startups_total", unit=unit.name, outcome="ready") == 2,
@@ -164,3 +171,68 @@ def test_a_locked_history_is_refused_with_the_reason_and_not_moved_aside(tmp_pat
         holder.close()
     assert [p.name for p in tmp_path.iterdir() if "corrupt" in p.name] == []
     History(path).close()  # and once free, it opens as it was
+
+
+def test_a_file_from_a_newer_llmstartup_is_moved_aside(tmp_path, caplog):
+    path = tmp_path / "h.db"
+    newer = sqlite3.connect(path)
+    newer.execute("CREATE TABLE future (x)")
+    newer.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    newer.commit()
+    newer.close()
+    history = History(path)
+    assert history.recent("x") == [] and history.record(record())
+    [aside] = tmp_path.glob("h.db.corrupt-*")
+    assert sqlite3.connect(aside).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1, "kept as it was"
+    assert f"newer than this llmstartup knows ({SCHEMA_VERSION})" in caplog.text and "moved aside" in caplog.text
+
+
+def test_without_a_history_file_the_agent_says_so_and_runs_on(tmp_path):
+    """--state.path where no file can be created (here under a regular file): an error line, then the agent
+    serves as ever, without expectations."""
+    (tmp_path / "journal").mkdir()
+    (tmp_path / "not-a-directory").write_text("")
+    port, log = free_port(), tmp_path / "serve.log"
+    argv = [sys.executable, "-m", "exporter", "serve", "--journal.directory", str(tmp_path / "journal"),
+            "--web.listen-address", f"127.0.0.1:{port}", "--no-collector.gpu",
+            "--state.path", str(tmp_path / "not-a-directory" / "history.db")]
+    with open(log, "w") as err:
+        agent = subprocess.Popen(argv, stderr=err)
+    try:
+        wait_for(lambda: agent.poll() is not None or try_fetch(port), 15, "the agent to serve /metrics")
+        assert agent.poll() is None, log.read_text()
+        assert "llmstartup_build_info" in fetch(port)
+    finally:
+        agent.terminate()
+        assert agent.wait(timeout=10) == 0
+    said = [line for line in log.read_text().splitlines() if "no history" in line]
+    assert len(said) == 1 and "not-a-directory" in said[0] and "level=ERROR" in said[0], log.read_text()
+
+
+def test_expectations_are_learned_from_the_last_10_ready_starts():
+    old = [record(started=n, loading_weights=1000.0) for n in range(5)]  # long ago: slow storage since replaced
+    recent = [record(started=10 + n, loading_weights=100.0 + n) for n in range(10)]
+    newest_first = sorted([*old, *recent], key=lambda r: r.started, reverse=True)
+    span = learn(newest_first, "f1").phases[Phase.LOADING_WEIGHTS]
+    assert (span.typical, span.longest, span.samples) == (104.5, 109.0, 10)
+
+
+def test_a_phase_well_past_its_history_with_only_the_cpu_turning_is_stalled(agent, units, tmp_path):
+    """Its compiles took 1 s; this one has compiled for more than twice that with nothing but its CPU
+    moving (an NCCL collective spinning): stalled once the stall threshold passes, though the CPU turns.
+    Without the history the same silence is silent progress (test_serve's silent compile)."""
+    from tests.test_serve import LOAD
+
+    unit = units("spin", [*LOAD, {"burn": 120, "workers": 1}])
+    History(tmp_path / "state.db").record(record(unit=unit.name, started=1.7e9, compiling=1.0, loading_weights=2.0))
+    port = agent(unit.name)
+    s = wait_for(lambda: (s := Scrape(fetch(port))).one_of("unit_verdict", unit.name, "verdict") == "stalled" and s,
+                 60, "the busy-only compile to be judged stalled")
+    assert s.one_of("unit_phase", unit.name, "phase") == "compiling"
+    assert s.value("llmstartup_expected_phase_duration_seconds", unit=unit.name, phase="compiling") == 1.0
+    cpu = s.value("llmstartup_process_cpu_seconds_total", unit=unit.name)
+    later = wait_for(lambda: (x := Scrape(fetch(port))).value("llmstartup_process_cpu_seconds_total", unit=unit.name) > cpu
+                     and x, 10, "the CPU to go on turning")
+    assert later.one_of("unit_verdict", unit.name, "verdict") == "stalled", "CPU alone does not make it progress"
+    [doc] = [d for d in json.loads(fetch(port, "/api/v1/units")) if d["unit"] == unit.name]
+    assert doc["slower_than_usual"] is True

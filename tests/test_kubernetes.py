@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-jsonschema = pytest.importorskip("jsonschema")
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
-yaml = pytest.importorskip("yaml")
+from tests.needs import missing, module
+
+jsonschema = module("jsonschema", "jsonschema (the test extra)")
+kubernetes_validate = module("kubernetes_validate", "kubernetes-validate, with the Kubernetes schemas (the test extra)")
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "deploy" / "kubernetes"
@@ -245,8 +247,6 @@ def test_generator_refuses_a_file_without_groups() -> None:
 
 
 def test_prometheusrule_is_up_to_date() -> None:
-    if not RULES.exists():
-        pytest.skip(f"{RULES.relative_to(ROOT)} does not exist yet, so there is no PrometheusRule to compare")
     result = subprocess.run(
         [sys.executable, str(MANIFESTS / "generate.py"), "--check"],
         check=False,
@@ -264,10 +264,8 @@ def test_prometheusrule_is_up_to_date() -> None:
 def test_prometheusrule_rules_pass_promtool(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool is not installed (Debian package prometheus)")
+        missing("promtool (Debian package prometheus)")
     path = MANIFESTS / "prometheusrule.yaml"
-    if not path.exists():
-        pytest.skip("no PrometheusRule generated yet")
     (obj,) = list(yaml.safe_load_all(path.read_text()))
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump({"groups": obj["spec"]["groups"]}, sort_keys=False))

@@ -8,15 +8,12 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-import pytest
-
 from exporter.shell.demo import sandbox
+from tests.needs import needs
 from tests.scrape import Scrape, fetch, free_port, wait_for
 from tests.tiny_model import write_tiny_llama
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python[server] is installed by .ci/setup"
-)
+pytestmark = needs(importlib.util.find_spec("llama_cpp"), "llama-cpp-python[server] (the test extra)")
 
 
 def test_the_agent_follows_llama_cpp_to_ready(agent, journald, tmp_path):

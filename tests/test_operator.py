@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from exporter.shell.demo import sandbox
 from tests.scrape import INTERVAL, SILENCE, STALL
 from tests.test_serve import CUDA_OOM, HANG_AFTER_COMPILE, LOAD
 
@@ -16,9 +21,15 @@ READY_QUICKLY = [*LOAD, {"log": "torch.compile takes 2.10 s in total"}, {"sleep"
 SLOW = [*LOAD, {"burn": 120, "workers": 1}]
 
 
+# The tests' own history, which none of them writes: status and wait never read the host's.
+NO_HISTORY = Path(tempfile.gettempdir()) / f"llmstartup-tests-{os.getpid()}" / "history.db"
+
+
 def llmstartup(journald, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     flags = ["--journal.namespace", journald.namespace, "--sample.interval", f"{INTERVAL:g}s",
              "--silence.threshold", f"{SILENCE:g}s", "--stall.threshold", f"{STALL:g}s", "--no-collector.gpu"]
+    if "--state.path" not in args:  # never the host's history
+        flags += ["--state.path", str(NO_HISTORY)]
     return subprocess.run([sys.executable, "-m", "exporter", *args, *flags], capture_output=True, text=True,
                           timeout=timeout)
 
@@ -127,3 +138,15 @@ def test_status_never_creates_a_history(units, journald, journal_records, tmp_pa
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "none").exists()
     assert "history" not in done.stderr
+def test_status_without_units_shows_every_model_server(journald, journal_records, tmp_path):
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps([*LOAD, {"hang": True}]))
+    # argv[0] "vllm", as `vllm serve …` shows in a real unit's command line
+    argv = ["bash", "-c", f'exec -a vllm {sys.executable} -m exporter.shell.demo.vllm_startup "$0"', str(steps)]
+    with sandbox.start_unit(journald, f"test-{secrets.token_hex(3)}-found.service", argv) as unit:
+        journal_records(unit, until=lambda es: any("torch.compile" in str(e.get("MESSAGE")) for e in es))
+        done = llmstartup(journald, "status")
+    assert done.returncode == 0, done.stderr
+    by_unit = {line.split()[0]: line for line in done.stdout.splitlines()}
+    assert " compiling " in by_unit[unit.name], done.stdout
+    assert not {"ssh.service", "cron.service", "systemd-journald.service"} & by_unit.keys(), "no model servers"

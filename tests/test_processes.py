@@ -25,13 +25,15 @@ from exporter.sources.processes import (
     find_cgroup2_root,
     parse_cgroup2_mount,
 )
+from tests.needs import needs
 
 T = TypeVar("T")
 
 CGROUP2 = find_cgroup2_root()
-needs_cgroup = pytest.mark.skipif(
-    os.geteuid() != 0 or CGROUP2 is None,
-    reason="needs root and a mounted cgroup2 filesystem to create cgroups and move processes into them",
+needs_cgroup = needs(
+    os.geteuid() == 0 and CGROUP2 is not None,
+    "root and a mounted cgroup2 filesystem, to create cgroups and move processes into them",
+    root=True,
 )
 
 WAIT = "import sys; sys.stdin.readline()"

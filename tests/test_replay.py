@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -133,16 +135,16 @@ def test_text_output(journal_file):
 
 
 @pytest.mark.parametrize(
-    ("args", "says"),
+    ("args", "code", "says"),
     [
-        pytest.param(["/nonexistent/vllm.log"], "cannot read /nonexistent/vllm.log", id="a file that is not there"),
-        pytest.param(["/dev/null"], "no model-server startup found", id="an empty file"),
-        pytest.param(["-", "--engine", "nosuch"], "invalid choice", id="an unknown engine"),
+        pytest.param(["/nonexistent/vllm.log"], 1, "cannot read /nonexistent/vllm.log", id="a file that is not there: 1"),
+        pytest.param(["/dev/null"], 1, "no model-server startup found", id="an empty file: 1"),
+        pytest.param(["-", "--engine", "nosuch"], 2, "invalid choice", id="an unknown engine: 2"),
     ],
 )
-def test_bad_input(args, says):
+def test_bad_input(args, code, says):
     done = replay(*args, stdin=b"")
-    assert done.returncode != 0
+    assert done.returncode == code, done.stderr.decode()
     assert says in done.stderr.decode()
 
 
@@ -261,3 +263,48 @@ def test_the_engine_is_told_from_the_log(records, names, engine):
     from exporter.core.replay import choose_engine
 
     assert choose_engine(records, grammar.load_all().values(), names)[0] == engine
+
+
+def _first_start(path: Path, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "exporter", "replay", str(path), "--format", "json", *args],
+                          capture_output=True, timeout=60, env={**os.environ, "TZ": "UTC"})
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)["phases"][0]["start"]
+
+
+def test_a_log_without_years_takes_the_files_year_or_year(tmp_path):
+    """vLLM prints `MM-DD HH:MM:SS`: the year is the file's (its modification time), or --year's."""
+    log = tmp_path / "vllm.log"
+    log.write_bytes((FORMATS / "vllm.log").read_bytes())
+    summer_2023 = datetime(2023, 6, 1, tzinfo=timezone.utc).timestamp()
+    os.utime(log, (summer_2023, summer_2023))
+    assert _first_start(log).startswith("2023-12-31T23:58:09")
+    assert _first_start(log, "--year", "2021").startswith("2021-12-31T23:58:09")
+
+
+@pytest.mark.parametrize(
+    ("args", "engine", "last_phase"),
+    [
+        pytest.param([], "vllm", "capturing_graphs", id="told from the lines"),
+        pytest.param(["--engine", "tgi"], "tgi", "launching", id="--engine forces another: its grammar reads it"),
+    ],
+)
+def test_the_engine_is_told_from_the_lines_or_forced(args, engine, last_phase):
+    [doc] = documents(str(FORMATS / "vllm.log"), *args)
+    assert (doc["engine"], doc["last_phase"]) == (engine, last_phase)
+
+
+def test_a_start_asked_to_stop_before_ready_is_stopped(tmp_path):
+    line = {"_SYSTEMD_UNIT": "vllm.service", "_TRANSPORT": "stdout", "_SYSTEMD_INVOCATION_ID": "a" * 32}
+    log = [
+        _pid1(1_000_000, "Started vllm.service.", "39f53479d3a045ac8e11786248231fbf"),
+        {**line, "__REALTIME_TIMESTAMP": "2000000", "MESSAGE": "INFO 11-29 20:24:40 [api_server.py:1] vLLM API server version 0.11.0"},
+        {**line, "__REALTIME_TIMESTAMP": "3000000", "MESSAGE": "INFO 11-29 20:24:41 [core.py:1] Starting to load model m..."},
+        _pid1(9_000_000, "Stopping vllm.service...", "de5b426a63be47a7b6ac3eaac82e2f6f"),
+        _pid1(9_500_000, "vllm.service: Deactivated successfully.", "7ad2d189f7e94e70a38c781354912448"),
+    ]
+    path = tmp_path / "stopped.json"
+    path.write_text("".join(json.dumps(entry) + "\n" for entry in log))
+    [doc] = documents(str(path))
+    assert (doc["outcome"], doc["failure_reason"], doc["last_phase"]) == ("stopped", None, "downloading")
+    assert doc["startup_seconds"] == 8.0  # from PID 1's Started to its Stopping

@@ -11,16 +11,21 @@ import json
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
+import os
 import sys
+import threading
 import time
 
+import psutil
 import pytest
 
 from exporter.shell import cli, runtime
+from exporter.shell.agent import Agent
 from exporter.core.config import Config
 from exporter.shell.demo import sandbox
-from tests.scrape import INTERVAL, STALL, Scrape, fetch, wait_for
+from tests.scrape import Scrape, fetch, free_port, try_fetch, wait_for
 
 LOAD = [
     {"log": "vLLM API server version 0.11.0"},
@@ -103,13 +108,17 @@ def test_three_units_under_one_agent(agent, units, journal_records):
     assert compiling >= 12, "compile burned 12 s of CPU"
     assert final.value("llmstartup_model_weights_bytes", unit=ready.name) == pytest.approx(15.27 * 2**30)
     assert final.value("llmstartup_kv_cache_tokens", unit=ready.name) == 412336
-    assert final.value("llmstartup_process_cpu_seconds_total", unit=ready.name) >= 10
+    # The compile workers' CPU stays counted once they exit (the cgroup's own counter), however much of
+    # the cores they got: the counter never goes back.
+    cpu = [v for _, s in seen if (v := s.value("llmstartup_process_cpu_seconds_total", unit=ready.name))]
+    assert cpu == sorted(cpu) and cpu[-1] - cpu[0] >= 1, f"CPU seconds went back or did not grow: {cpu}"
 
-    # The hang is judged stalled within the stall threshold plus two sample intervals of its last line.
-    last_line = final.value("llmstartup_last_log_timestamp_seconds", unit=hang.name)
-    stalled_at = next(t for t, s in seen if s.one_of("unit_verdict", hang.name, "verdict") == "stalled")
-    offset = time.time() - time.monotonic()
-    assert stalled_at + offset - last_line <= STALL + 2 * INTERVAL + 0.5  # + one scrape poll
+    # The hang: progressing while it prints, silent but alive while its start settles, then stalled for
+    # good (how soon after its last line is bench/stall.py's figure, also while other units burn the CPUs).
+    hang_verdicts = [v for _, s in seen if (v := s.one_of("unit_verdict", hang.name, "verdict"))]
+    changes = [v for v, before in zip(hang_verdicts, [None, *hang_verdicts]) if v != before]
+    assert changes[-1] == "stalled" and changes.count("stalled") == 1, changes
+    assert changes.index("progressing") < changes.index("stalled"), changes
     assert final.one_of("unit_phase", hang.name, "phase") == "compiling"
 
     # The OOM: failed in the phase it was in, for the reason it printed.
@@ -119,6 +128,9 @@ def test_three_units_under_one_agent(agent, units, journal_records):
 
     assert final.value("llmstartup_source_up", source="journal") == 1
     assert final.value("llmstartup_source_up", source="processes") == 1
+    # the whole exposition, the agent's own process metrics included: no _created series, no pid or hostname
+    assert not [x.name for x in final.samples if x.name.endswith("_created")]
+    assert not {"pid", "hostname"} & {label for x in final.samples for label in x.labels}
     promtool = shutil.which("promtool")
     assert promtool, "promtool is installed by .ci/setup (Debian package prometheus)"
     lint = subprocess.run([promtool, "check", "metrics"], input=final.text, capture_output=True, text=True, check=False)
@@ -140,23 +152,71 @@ def test_without_units_the_agent_discovers_model_servers(agent, journald, tmp_pa
     assert found.all("llmstartup_unit_info", unit="ssh.service") == []
 
 
-def test_a_stop_signal_while_the_agent_starts_is_not_lost(monkeypatch):
-    """Starting reads the units' history first (seconds, on a big journal): a SIGTERM or Ctrl-C
-    then must stop the agent once it has started, not kill it unsaved or be dropped."""
-    handlers: dict[signal.Signals, object] = {}
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_stop_signal_while_the_agent_reads_the_history_stops_it_cleanly(stop, monkeypatch, tmp_path):
+    """Starting reads the units' history first (seconds, on a big journal): a SIGTERM or Ctrl-C then
+    stops the agent once it has started, with exit 0 and everything closed; not killed unsaved, not dropped."""
+    port = free_port()
+    config = Config(units=(("history-read.service", "vllm"),), directory=tmp_path, listen=("127.0.0.1", port),
+                    interval=0.5, gpu=False, state_path=tmp_path / "state.db")
+    read_history, close = Agent.warm_up, runtime.Runtime.close
+    closed: list[runtime.Runtime] = []
 
-    def start(cls, config, http=True):
-        handlers.update({s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)})
-        raise runtime.StartError("started far enough")
+    def read_history_and_get_stopped(agent: Agent, timeout: float = 10.0):
+        os.kill(os.getpid(), stop)  # handled on this thread, in the middle of the read
+        return read_history(agent, timeout)
 
+    def close_and_note(rt: runtime.Runtime) -> None:
+        close(rt)
+        closed.append(rt)
+
+    monkeypatch.setattr(Agent, "warm_up", read_history_and_get_stopped)
+    monkeypatch.setattr(runtime.Runtime, "close", close_and_note)
+    stopped, gave_up = threading.Event(), threading.Event()
+    # A deadline, should the signal be lost: the agent would otherwise run on for ever.
+    guard = threading.Timer(30, lambda: (gave_up.set(), stopped.set()))
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    monkeypatch.setattr(runtime.Runtime, "start", classmethod(start))
+    missed: list[int] = []  # a signal that reached this handler, not the agent's (the default would kill pytest)
+    for sig in saved:
+        signal.signal(sig, lambda signum, _: (missed.append(signum), stopped.set()))
+    guard.start()
     try:
-        assert cli.run_serve(Config()) == 1
+        assert cli.run_serve(config, stopped) == 0
     finally:
+        guard.cancel()
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-    assert all(callable(h) and h not in saved.values() for h in handlers.values()), handlers
+    assert not missed, f"{stop.name} came before the agent had its own handler: it would have died unsaved"
+    assert not gave_up.is_set(), f"{stop.name} during the history read was lost: the agent ran on"
+    [rt] = closed
+    assert not rt.journal._thread.is_alive() and not psutil.pid_exists(rt.journal.child_pid), "the reader was left"
+    assert try_fetch(port) is None, "the HTTP server was left listening"
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        pytest.param(["--web.listen-address", "127.0.0.1:{busy}"], "cannot listen on 127.0.0.1:{busy}: Address already in use",
+                     id="address in use"),
+        pytest.param(["--path.cgroupfs", "{tmp}/nowhere"], "no cgroup v2 hierarchy at {tmp}/nowhere",
+                     id="no cgroup v2 there"),
+        pytest.param(["--path.cgroupfs", "{tmp}"], "no cgroup v2 hierarchy at {tmp}", id="a folder that is no cgroup v2"),
+        pytest.param(["--journal.directory", "{tmp}/no-journal"], "--journal.directory {tmp}/no-journal: no such directory",
+                     id="missing journal directory"),
+    ],
+)
+def test_serve_that_cannot_start_says_why_and_exits_1(flags, says, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        names = {"busy": busy.getsockname()[1], "tmp": tmp_path}
+        argv = ["--journal.directory", str(tmp_path), "--web.listen-address", f"127.0.0.1:{free_port()}",
+                "--no-collector.gpu", "--state.path", str(tmp_path / "state.db"), *(f.format(**names) for f in flags)]
+        done = subprocess.run([sys.executable, "-m", "exporter", "serve", *argv], capture_output=True, text=True,
+                              timeout=30)
+    assert done.returncode == 1, done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("level=ERROR ")]
+    assert says.format(**names) in error and "Traceback" not in done.stderr, done.stderr
 
 
 def test_a_journal_directory_anywhere_is_read(units, journald, journal_records, tmp_path):

@@ -19,6 +19,7 @@ from exporter.core.model import (
     ProcessSample,
     Reason,
     Signal,
+    Suppressed,
     UnitState,
     Verdict,
     XidError,
@@ -383,3 +384,40 @@ def test_a_failure_that_says_where_it_happened_moves_the_start_there_first():
 def test_an_unknown_observation_is_refused_not_taken_for_a_gpu_sample():
     with pytest.raises(TypeError, match="XidError is no observation"):
         advance(UnitState(U), XidError(1.0, "0", 79, "kernel"), VLLM, LIMITS)
+# Each liveness floor at its edge: the unit is silent and still from t=21 (TO_COMPILE's last line) on;
+# at 400 and 402 one signal changes by a hair less, or a hair more, than its floor (Limits' defaults:
+# 5% of a core, 64 KiB read or written, 64 MiB of GPU memory). Only the change at the floor is movement.
+MiB = 2**20
+
+
+def _still_then(cpu: float = 30.0, io: int = 0, gpu_bytes: int = 10 * GiB) -> list:
+    sampled = [x for t in (*range(30, 391, 10), 400) for x in (procs(t, 10, cpu=30), _gpu_bytes(t, 10 * GiB))]
+    return [*TO_COMPILE, *sampled, procs(402, 10, cpu=cpu, io=io), _gpu_bytes(402, gpu_bytes)]
+
+
+def _gpu_bytes(t, used):
+    return GpuSample(t, U, {"0": used})
+
+
+@pytest.mark.parametrize(
+    ("observations", "want"),
+    [
+        pytest.param(_still_then(cpu=30 + 0.098), Verdict.STALLED, id="CPU 4.9% of a core: not work"),
+        pytest.param(_still_then(cpu=30 + 0.102), Verdict.SILENT_PROGRESS, id="CPU 5.1% of a core: work"),
+        pytest.param(_still_then(io=64 * 1024 - 1), Verdict.STALLED, id="I/O a byte under 64 KiB: not work"),
+        pytest.param(_still_then(io=64 * 1024), Verdict.SILENT_PROGRESS, id="I/O of 64 KiB: work"),
+        pytest.param(_still_then(gpu_bytes=10 * GiB + 64 * MiB - 1), Verdict.STALLED, id="GPU memory +64 MiB - 1 B: no movement"),
+        pytest.param(_still_then(gpu_bytes=10 * GiB - 64 * MiB), Verdict.SILENT_PROGRESS, id="GPU memory -64 MiB: movement"),
+    ],
+)
+def test_each_liveness_floor_at_its_edge(observations, want):
+    assert judge(fold(observations), 402, LIMITS) is want
+
+
+def test_lines_journald_suppressed_are_log_movement():
+    """journald's 'Suppressed N messages' notice: the unit printed, even if none of it was kept."""
+    quiet = [*TO_COMPILE, *(procs(t, 10, cpu=30) for t in range(30, 331, 10))]
+    assert judge(fold(quiet), 330, LIMITS) is Verdict.STALLED
+    state = fold([*quiet[:-3], Suppressed(305, U, 1200), *quiet[-3:]])
+    assert judge(state, 330, LIMITS) is Verdict.PROGRESSING
+    assert (state.suppressed_total, state.last_log, state.moved[Signal.LOG]) == (1200, 305, 305)

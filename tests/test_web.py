@@ -11,6 +11,7 @@ import datetime
 import http.client
 import ipaddress
 import os
+import select
 import socket
 import ssl
 import subprocess
@@ -188,6 +189,12 @@ def refused(call: Callable[[], Reply]) -> bool:
     return False
 
 
+def _unanswered(sockets: list[socket.socket]) -> list[socket.socket]:
+    """The sockets the server has neither answered nor closed yet."""
+    readable, _, _ = select.select(sockets, [], [], 0)
+    return [sock for sock in sockets if sock not in readable]
+
+
 # TLS
 
 
@@ -247,6 +254,23 @@ def test_client_certificate_if_given(start, pki):
     assert refused(lambda: request(server, context=pki.client_context("stranger")))
 
 
+@pytest.mark.parametrize(
+    ("mode", "with_ca", "answered"),
+    [
+        pytest.param("RequestClientCert", False, {None: True, "stranger": True, "client": True},
+                     id="RequestClientCert: never asks, so any client"),
+        pytest.param("RequireAnyClientCert", True, {None: False, "stranger": False, "client": True},
+                     id="RequireAnyClientCert: one signed by client_ca_file (Python's ssl verifies what it asks for)"),
+        pytest.param("RequireClientCert", True, {None: False, "stranger": False, "client": True},
+                     id="RequireClientCert: the toolkit's old name of RequireAnyClientCert"),
+    ],
+)
+def test_client_auth_modes(start, pki, mode, with_ca, answered):
+    server = start(pki.tls(f"  client_auth_type: {mode}\n" + (f"  client_ca_file: {pki.ca}\n" if with_ca else "")))
+    for cert, ok in answered.items():
+        assert refused(lambda: request(server, context=pki.client_context(cert))) is not ok, (mode, cert)
+
+
 # Basic auth
 
 
@@ -295,9 +319,9 @@ def test_password_guessing_does_not_delay_a_remembered_scrape(start, sockets):
     for _ in range(50):
         sockets.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
         sockets[-1].sendall(f"GET /metrics HTTP/1.1\r\nAuthorization: Basic {guess}\r\n\r\n".encode())
-    began = time.monotonic()
-    assert request(server, auth=("alice", PASSWORD), timeout=3).status == 200
-    assert time.monotonic() - began < 1
+    assert request(server, auth=("alice", PASSWORD), timeout=30).status == 200
+    # answered ahead of the guesses: some are still waiting their turn at bcrypt (how fast: bench/web.py)
+    assert _unanswered(sockets), "the scrape waited for every guess to be checked"
     answers = [sock.recv(12) for sock in sockets]
     assert {a[9:12] for a in answers} == {b"401", b"503"}, "the excess guesses are refused, not queued"
 
@@ -389,9 +413,9 @@ def test_silent_and_stalled_clients_do_not_delay_a_scrape(start, pki, sockets):
                                                  do_handshake_on_connect=False)
         elif i >= 250:  # one that stops halfway through it
             sock.sendall(half_hello)
-    began = time.monotonic()
-    reply = request(server, context=pki.client_context(), timeout=3)
-    assert reply.status == 200 and time.monotonic() - began < 3
+    reply = request(server, context=pki.client_context(), timeout=30)
+    assert reply.status == 200
+    assert len(_unanswered(sockets)) == len(sockets), "answered while the attack runs: every attacker still held"
     assert _thread_count() <= threads + 1, "connections must not spawn threads"
 
 
@@ -401,8 +425,8 @@ def test_half_open_requests_do_not_delay_a_scrape(start, sockets):
     for _ in range(300):  # slowloris: a request head that never ends
         sockets.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
         sockets[-1].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-    began = time.monotonic()
-    assert request(server, timeout=3).status == 200 and time.monotonic() - began < 3
+    assert request(server, timeout=30).status == 200
+    assert len(_unanswered(sockets)) == len(sockets), "answered while the attack runs: every attacker still held"
     assert _thread_count() <= threads + 1
 
 
@@ -508,6 +532,7 @@ BAD = {  # case: (the file, or None for none; what the error says)
     "unsupported rate_limit": ("rate_limit:\n  interval: 1s\n  burst: 5\n", "rate_limit is not supported"),
     "unsupported cipher_suites": (TLS + "  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
                                   "cipher_suites is not supported"),
+    "unsupported curve_preferences": (TLS + "  curve_preferences: [X25519]\n", "curve_preferences is not supported"),
 }
 
 

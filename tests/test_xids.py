@@ -3,7 +3,7 @@
 import pytest
 
 from exporter.core.model import Fault, Gpu, GpuSample, Reason, UnitState, XidError
-from exporter.core.xids import bus_key, faults, is_repeat, resolve
+from exporter.core.xids import XidTally, bus_key, count, faults, is_repeat, resolve
 
 GPUS = (Gpu("0", "GPU-a", "H200", "00000000:3B:00.0"), Gpu("1", "GPU-b", "H200", "00000000:5D:00.0"))
 
@@ -40,3 +40,21 @@ def test_faults_hit_the_units_with_memory_on_that_gpu():
     on1 = UnitState("b.service", last_gpu=GpuSample(1, "b.service", {"1": 2**30}))
     idle = UnitState("c.service")
     assert faults(XidError(5, "0", 79, "nvml"), [on0, on1, idle]) == [Fault(5, "a.service", Reason.GPU_XID)]
+
+
+@pytest.mark.parametrize(
+    ("nvml_after", "counted"),
+    [
+        pytest.param(0.0, 1, id="at once: one event"),
+        pytest.param(5.0, 1, id="5 s after the kernel's line: still the same event"),
+        pytest.param(5.01, 2, id="just past 5 s: another event"),
+    ],
+)
+def test_the_kernel_and_nvml_report_one_xid_within_5_s(nvml_after, counted):
+    """The kernel's line is read first (the agent's round), NVML's event of the same Xid later."""
+    tally, new, _ = count(XidTally(), [XidError(10.0, "0000:3b:00", 79, "kernel")], GPUS, [], now=10.0)
+    assert new == [XidError(10.0, "0", 79, "kernel")]
+    later = 10.0 + nvml_after
+    tally, new, _ = count(tally, [XidError(later, "0", 79, "nvml")], GPUS, [], now=later)
+    assert tally.counts == {("0", 79): counted}
+    assert len(new) == counted - 1

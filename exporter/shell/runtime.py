@@ -43,7 +43,8 @@ class Runtime:
         if config.directory is not None and not config.directory.is_dir():
             raise StartError(f"--journal.directory {config.directory}: no such directory")
         cgroup_root = config.cgroup_root or find_cgroup2_root()
-        if cgroup_root is None or not cgroup_root.is_dir():
+        # cgroup.controllers is in every cgroup v2 directory and in no v1 or plain one
+        if cgroup_root is None or not (cgroup_root / "cgroup.controllers").is_file():
             raise StartError(
                 f"no cgroup v2 hierarchy at {cgroup_root or 'any mount in /proc/self/mountinfo'}; "
                 "units are found by their cgroup (use --path.cgroupfs to point at it)"

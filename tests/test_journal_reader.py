@@ -1,0 +1,103 @@
+"""The agent's journal reader on what the tests' sandbox cannot produce live: PID 1's lifecycle lines (systemd
+is not PID 1 here) and the kernel's `NVRM: Xid` lines (there is no NVIDIA driver). They are written, with
+the journal's own export format, into journal files by systemd-journal-remote, which keeps the trusted
+fields (`_PID`, `_TRANSPORT`) as given, and read by the real JournalSource from that folder: its match for
+a unit's earlier lines (its own, and PID 1's about it), then its live reading, as on a host.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bench.common import JOURNAL_REMOTE
+from exporter.core.entries import MessageId
+from exporter.core.model import Event, Lifecycle, LogLine, XidError
+from exporter.sources.journal import JournalPlace
+from exporter.sources.journal_process import JournalSource
+from tests.needs import needs
+from tests.scrape import wait_for
+
+REMOTE = next((path for path in JOURNAL_REMOTE if Path(path).exists()), None)
+pytestmark = needs(REMOTE, "systemd-journal-remote (Debian package systemd-journal-remote)")
+BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")
+UNIT = "vllm-glm5.service"
+XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
+
+
+def _entry(ago: float, **fields: str) -> bytes:
+    """One entry of this boot in export format, `ago` seconds before now."""
+    head = {"__REALTIME_TIMESTAMP": str(int((time.time() - ago) * 1e6)),
+            "__MONOTONIC_TIMESTAMP": str(int((time.monotonic() - ago) * 1e6)), "_BOOT_ID": BOOT,
+            "_HOSTNAME": "gpu-node-17"}
+    return b"".join(f"{k}={v}\n".encode() for k, v in {**head, **fields}.items()) + b"\n"
+
+
+def _pid1(ago: float, message_id: str, message: str, **extra: str) -> bytes:
+    return _entry(ago, _PID="1", _SYSTEMD_UNIT="init.scope", _TRANSPORT="journal", SYSLOG_IDENTIFIER="systemd",
+                  UNIT=UNIT, MESSAGE_ID=message_id, MESSAGE=message, **extra)
+
+
+def _write(path: Path, *entries: bytes) -> None:
+    subprocess.run([REMOTE, f"--output={path}", "--split-mode=none", "-"], input=b"".join(entries), check=True,
+                   capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def journal_folder(tmp_path):
+    folder = tmp_path / "journal"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def reading(journal_folder):
+    """A JournalSource on the folder, watching UNIT; stopped at teardown."""
+    source = JournalSource(JournalPlace(directory=journal_folder))
+    yield source
+    source.stop()
+
+
+def test_pid1s_lines_about_a_unit_are_read_and_only_pid1s(journal_folder, reading):
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    _write(journal_folder / "earlier.journal",
+           _pid1(9, MessageId.UNIT_STARTED, f"Started {UNIT} - vLLM GLM-5.", INVOCATION_ID=first),
+           _entry(8, _SYSTEMD_UNIT=UNIT, _PID="4242", _TRANSPORT="stdout", _SYSTEMD_INVOCATION_ID=first,
+                  MESSAGE="INFO 11-29 07:06:40 [api_server.py:1] vLLM API server version 0.11.0"),
+           # a local user's forgery: UNIT= and a MESSAGE_ID anyone may write, from another unit's process
+           _entry(7, _SYSTEMD_UNIT="evil.service", _PID="666", _TRANSPORT="journal", UNIT=UNIT,
+                  MESSAGE_ID=MessageId.UNIT_PROCESS_EXIT, MESSAGE=f"{UNIT}: Main process exited, code=exited, status=0/SUCCESS"),
+           _entry(6, _TRANSPORT="kernel", MESSAGE=XID),  # before the agent: not an Xid it counts
+           _pid1(5, MessageId.UNIT_PROCESS_EXIT, f"{UNIT}: Main process exited, code=killed, status=9/KILL",
+                 INVOCATION_ID=first),
+           _pid1(5, MessageId.UNIT_FAILURE_RESULT, f"{UNIT}: Failed with result 'signal'.", UNIT_RESULT="signal",
+                 INVOCATION_ID=first))
+    reading.watch([UNIT])
+    reading.start()
+    wait_for(lambda: UNIT in reading.ready_units, 20, "the unit's earlier lines read")
+    assert reading.status.health.up, "a folder of journal files is a journal that can be read"
+    earlier = reading.drain()
+    assert [(type(o).__name__, getattr(o, "event", None), getattr(o, "detail", "")) for o in earlier] == [
+        ("Lifecycle", Event.STARTED, ""),
+        ("LogLine", None, ""),
+        ("Lifecycle", Event.EXITED, "killed/9/KILL"),
+        ("Lifecycle", Event.FAILED, "signal"),
+    ]
+    assert earlier[0] == Lifecycle(earlier[0].t, UNIT, Event.STARTED, "", first)
+
+    # Live, in a file written now: PID 1 starts the unit again, and the kernel reports an Xid.
+    _write(journal_folder / "now.journal",
+           _pid1(0.2, MessageId.UNIT_STARTED, f"Started {UNIT} - vLLM GLM-5.", INVOCATION_ID=second),
+           _entry(0.1, _SYSTEMD_UNIT="evil.service", _PID="666", _TRANSPORT="syslog", SYSLOG_IDENTIFIER="kernel",
+                  MESSAGE=XID),  # a user's "kernel" line: only _TRANSPORT=kernel is the kernel's
+           _entry(0.0, _TRANSPORT="kernel", SYSLOG_IDENTIFIER="kernel", MESSAGE=XID))
+    live: list = []
+    wait_for(lambda: live.extend(reading.drain()) or len(live) >= 2, 20, "the live entries")
+    assert [type(o) for o in live] == [Lifecycle, XidError]
+    assert (live[0].event, live[0].invocation) == (Event.STARTED, second)
+    assert (live[1].gpu, live[1].xid, live[1].source) == ("0000:3b:00", 79, "kernel")
+    assert not [o for o in live if isinstance(o, LogLine)]
