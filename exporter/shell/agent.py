@@ -85,7 +85,8 @@ class Agent:
         self.states: dict[str, UnitState] = {}
         self.processes_status = SourceStatus("processes", logger, wall)
         self._discovered_at: float | None = None
-        self._gone: dict[str, ProcessSample] = {}  # samples that found a start's processes gone, held a round
+        self._gone: dict[str, ProcessSample] = {}
+        self._caught_up: frozenset[str] = frozenset()  # units whose state the last round's drain completed  # samples that found a start's processes gone, held a round
         self._xids_seen: float | None = None  # the GPU reading whose Xid events are counted
         self.xid_tally = xids.XidTally()
         self.recorder = recorder
@@ -139,6 +140,7 @@ class Agent:
         for obs in observations:
             before = self.states.get(obs.unit) or UnitState(obs.unit, self.names.engine(obs.unit))
             self.states[obs.unit] = advance(before, obs, self.grammars[self.names.engine(obs.unit)], self.limits)
+        self._caught_up = caught_up
         if self.recorder:
             self.recorder.remember(self.states.values(), offset, self.journal.drained_cursor, caught_up)
         self.snapshot = self._publish(units, t, offset)
@@ -167,6 +169,13 @@ class Agent:
             except Exception:  # the one broad catch: a bug in one round must not end the agent
                 logger.exception("agent round failed")
             stop.wait(max(0.0, self.config.interval - (self._clock() - started)))
+
+    def close(self) -> None:
+        """A last checkpoint as the agent stops: the one after it (an upgrade) reads on from here."""
+        if self.recorder:
+            offset = self._wall() - self._clock()
+            self.recorder.remember(self.states.values(), offset, self.journal.drained_cursor, self._caught_up,
+                                   checkpoint_now=True)
 
     def _take_over(self) -> None:
         """The checkpoint's states, once the journal reader went on from its cursor (what was drained is

@@ -42,7 +42,7 @@ class HistoryRecorder:
             return None
 
     def remember(self, states: Iterable[UnitState], offset: float, cursor: str | None,
-                 caught_up: frozenset[str] = frozenset()) -> None:
+                 caught_up: frozenset[str] = frozenset(), checkpoint_now: bool = False) -> None:
         """Store every start that has an outcome, once; now and then a checkpoint of the caught-up units
         and the journal position their states reflect.
 
@@ -52,14 +52,14 @@ class HistoryRecorder:
         if self.history.readonly:
             return
         try:
-            self._remember(tuple(states), offset, cursor, caught_up)
+            self._remember(tuple(states), offset, cursor, caught_up, checkpoint_now)
         except sqlite3.Error as error:
             self.status.down(f"cannot write {self.history.path}: {error}")
         else:
             self.status.ok(f"writing {self.history.path}")
 
     def _remember(self, states: tuple[UnitState, ...], offset: float, cursor: str | None,
-                  caught_up: frozenset[str]) -> None:
+                  caught_up: frozenset[str], checkpoint_now: bool) -> None:
         for state in states:
             for attempt in (state.previous, state.attempt):
                 if attempt is None or attempt.outcome is None or (state.unit, attempt.started) in self._recorded:
@@ -68,7 +68,7 @@ class HistoryRecorder:
                 self._recorded.add((state.unit, attempt.started))  # once stored: a failed write is tried again
                 self._expectations.pop(state.unit, None)
         now = self._clock()
-        if cursor and now - self._saved_at >= CHECKPOINT_EVERY:
+        if cursor and (checkpoint_now or now - self._saved_at >= CHECKPOINT_EVERY):
             known = [s for s in states if s.unit in caught_up]
             self.history.save_checkpoint(checkpoint.dump(known, self._boot_id, cursor))
             self._saved_at = now

@@ -87,6 +87,7 @@ class Runtime:
     def close(self) -> None:
         if self.server:
             self.server.close()
+        self.agent.close()
         self.journal.stop()
         if self.gpu:
             self.gpu.stop()
