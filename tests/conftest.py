@@ -96,11 +96,11 @@ def journal_records(journald: sandbox.Journald) -> Callable[..., list[dict[str, 
 
 @pytest.fixture
 def agent(journald: sandbox.Journald, tmp_path) -> Callable[..., int]:
-    """`start(*units, env=None, gpu=False) -> port`: run the real `llmstartup serve` on the test
-    journald with the end-to-end thresholds; SIGTERM at teardown must stop it cleanly."""
+    """`start(*units, env=None, gpu=False, args=()) -> port`: run the real `llmstartup serve` on the test
+    journald with the end-to-end thresholds (and `args`); SIGTERM at teardown must stop it cleanly."""
     started: list[subprocess.Popen] = []
 
-    def start(*units: str, env: dict[str, str] | None = None, gpu: bool = False) -> int:
+    def start(*units: str, env: dict[str, str] | None = None, gpu: bool = False, args: tuple[str, ...] = ()) -> int:
         port = free_port()
         argv = [sys.executable, "-m", "exporter", "serve", "--journal.namespace", journald.namespace,
                 "--web.listen-address", f"127.0.0.1:{port}", "--sample.interval", f"{INTERVAL:g}s",
@@ -108,6 +108,7 @@ def agent(journald: sandbox.Journald, tmp_path) -> Callable[..., int]:
                 "--collector.gpu" if gpu else "--no-collector.gpu", "--state.path", str(tmp_path / "state.db")]
         for unit in units:
             argv += ["--unit", unit]
+        argv += args
         log = open(tmp_path / f"agent-{len(started)}.log", "w")
         started.append(subprocess.Popen(argv, stderr=log, env=env))
         wait_for(lambda: try_fetch(port), 15, "the agent to serve /metrics")

@@ -17,6 +17,7 @@ from exporter.core.config import Config
 from exporter.shell.history import History, HistoryError
 from exporter.shell.recorder import HistoryRecorder
 from exporter.shell.http import Server, make_app, serve
+from exporter.sources.containers import ContainerSource
 from exporter.sources.gpu import GpuSource
 from exporter.sources.journal import JournalPlace
 from exporter.sources.journal_process import JournalSource
@@ -56,7 +57,8 @@ class Runtime:
         gpu = GpuSource(config.interval) if config.gpu else None
         history = _history(config.state_path)
         recorder = HistoryRecorder(history, boot_id(), time.monotonic) if history else None
-        agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, recorder)
+        containers = ContainerSource(config.pods, config.docker) if config.pods or config.docker else None
+        agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, recorder, containers=containers)
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(lambda: agent.snapshot))
         ProcessCollector(namespace="llmstartup_exporter", registry=registry)
