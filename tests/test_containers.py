@@ -120,11 +120,13 @@ def test_a_followed_file_across_rotations_in_both_runtimes_styles(tmp_path: Path
     writer.write(b"1\n2\n3")
     assert followed.read() == [b"1", b"2"]  # the unended line waits
     writer.write(b"\n")
-    os.rename(path, tmp_path / "0.log.20261129-120001")  # kubelet renames; containerd still writes there …
+    os.rename(path, tmp_path / "0.log.20261129-120001")  # kubelet renames; containerd writes there …
     writer.write(b"4\n")
-    writer = open(path, "ab", buffering=0)  # … until it reopens
+    renamed, writer = writer, open(path, "ab", buffering=0)  # … until it reopens: a new file at the path
     writer.write(b"5\n")
     assert followed.read() == [b"3", b"4", b"5"]
+    renamed.write(b"5a\n")  # a write that was under way in the runtime as it reopened
+    assert followed.read() == [b"5a"]  # the renamed file's last look
     # two rotations between two reads, the first rotated file compressed meanwhile (kubelet's next rotation)
     writer.write(b"6\n")
     os.rename(path, tmp_path / "0.log.20261129-120002")
@@ -140,7 +142,7 @@ def test_a_followed_file_across_rotations_in_both_runtimes_styles(tmp_path: Path
     assert followed.read() == [b"6", b"7"]
     assert followed.close() == [b"8"]  # its writer is gone: the last line, unended
     # read anew: the rotated files oldest first, compressed or not, then the file
-    assert FollowedFile(path).read() == [b"1", b"2", b"3", b"4", b"5", b"6", b"7"]
+    assert FollowedFile(path).read() == [b"1", b"2", b"3", b"4", b"5a", b"5", b"6", b"7"]
 
 
 # --- real processes in real cgroups, their output in the runtimes' formats ----------------------
