@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from exporter.shell.demo import sandbox
+from tests.container_runtime import CGROUP2, Node
 from tests.fake_nvml.fixtures import fake_nvml, fake_nvml_lib, fake_nvml_lib_no_v3  # noqa: F401
 from tests.scrape import INTERVAL, SILENCE, STALL, free_port, try_fetch, wait_for
 
@@ -119,3 +121,14 @@ def agent(journald: sandbox.Journald, tmp_path) -> Callable[..., int]:
         if process.poll() is None:  # a test may have killed it on purpose
             process.terminate()
             assert process.wait(timeout=10) == 0, "the agent did not stop cleanly on SIGTERM"
+
+
+@pytest.fixture
+def node(tmp_path) -> Iterator[Node]:
+    """A node's container runtimes faked at their files (kubelet's pod logs, Docker's data root, under
+    tmp_path), their containers real processes in real cgroups (tests/container_runtime.py); all stopped after."""
+    if os.geteuid() != 0 or CGROUP2 is None:
+        pytest.skip("needs root and a cgroup2 mount, as the container runtimes do")
+    runtimes = Node(tmp_path / "node")
+    yield runtimes
+    runtimes.close()

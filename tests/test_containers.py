@@ -33,9 +33,6 @@ from tests.scrape import Scrape, fetch, wait_for
 ID = "4f5e" * 16
 UID = "8d2b7c3a-94c1-4a0e-9b36-2f4a1c6e7d10"
 
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or CGROUP2 is None, reason="needs root and a cgroup2 mount, as the container runtimes do"
-)
 
 
 # --- names and layouts -------------------------------------------------------------------------
@@ -153,15 +150,6 @@ SCRIPT = [
     {"log": "Starting to load model Qwen/Qwen3-8B..."},
     {"hang": True},
 ]
-
-
-@pytest.fixture
-def node(tmp_path: Path):
-    if os.geteuid() != 0 or CGROUP2 is None:
-        pytest.skip("needs root and a cgroup2 mount, as the container runtimes do")
-    node = Node(tmp_path / "node")
-    yield node
-    node.close()
 
 
 def scenario(tmp_path: Path, steps: list, name: str = "steps.json") -> str:
@@ -363,3 +351,20 @@ def test_serve_follows_pods_and_docker_containers_with_no_unit_named(node: Node,
     assert promtool, "promtool is installed by .ci/setup (Debian package prometheus)"
     lint = subprocess.run([promtool, "check", "metrics"], input=final.text, capture_output=True, text=True, check=False)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_wait_and_status_for_a_pods_container(node: Node, journald, tmp_path: Path) -> None:
+    node.run_pod("llm", "vllm-0", "vllm", [*VLLM, scenario(tmp_path, READY_QUICK, "quick.json")])
+    flags = ["--journal.namespace", journald.namespace, "--no-collector.gpu", "--path.pods", str(node.pods),
+             "--path.docker", str(node.docker)]
+
+    def llmstartup(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "exporter", *args, *flags], capture_output=True, text=True, timeout=60)
+
+    done = llmstartup("wait", "llm/vllm-0/vllm", "--timeout", "40s")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].endswith(": ready")
+    done = llmstartup("status", "--format", "json")
+    [doc] = [d for d in json.loads(done.stdout) if d["unit"] == "llm/vllm-0/vllm"]
+    assert (doc["namespace"], doc["pod"], doc["container"], doc["phase"]) == ("llm", "vllm-0", "vllm", "ready")
+    assert llmstartup("wait", "llm/vllm-1/vllm").returncode == 4  # no such pod

@@ -88,7 +88,7 @@ class Agent:
         self.limits = config.limits
         self.journal, self.processes, self.gpu, self.containers = journal, processes, gpu, containers
         self.identities: dict[str, Container] = {}  # the units that are containers (the last seen of each)
-        self._present: dict[str, Container] = {}  # the containers on the host now
+        self.present: dict[str, Container] = {}  # the containers on the host now, as the flags select them
         self._looked_at: set[str] = set()  # containers (ids) whose command lines were read
         self._clock, self._wall = clock, wall
         self.grammars = grammar.load_all()
@@ -184,7 +184,7 @@ class Agent:
         except OSError as error:
             self.processes_status.down(str(error))
             return
-        found.update({u: self.processes.cmdlines(u) for u in self._present if u not in self.names})
+        found.update({u: self.processes.cmdlines(u) for u in self.present if u not in self.names})
         self._rename(self.names.found(found))
         self._forget_removed()
 
@@ -194,22 +194,22 @@ class Agent:
             return
         present = self.containers.containers()
         include, exclude = self.config.container_include, self.config.container_exclude
-        self._present = {
+        self.present = {
             unit: c for unit, c in present.items()
             if (include is None or include.fullmatch(unit)) and not (exclude and exclude.fullmatch(unit))
         }
-        self.processes.place({unit: c.id for unit, c in self._present.items()})
+        self.processes.place({unit: c.id for unit, c in self.present.items()})
         # A container just started is looked at now, not at the next discovery: one that fails fast (a crash
         # loop restarts it under a new id each time) would be gone before that.
-        new = {u: c for u, c in self._present.items() if c.id not in self._looked_at and u not in self.names}
+        new = {u: c for u, c in self.present.items() if c.id not in self._looked_at and u not in self.names}
         cmdlines = {u: lines for u in new if (lines := self.processes.cmdlines(u))}
-        self._looked_at |= {new[u].id for u in cmdlines}
+        self._looked_at = {c.id for c in self.present.values()} & (self._looked_at | {new[u].id for u in cmdlines})
         self._rename(self.names.found(cmdlines))
 
     def _forget_removed(self) -> None:
         """A container that is gone (a pod deleted, a container removed) and whose last start is over stops
         being a unit: pods come and go under new names, and the series of those gone must not pile up."""
-        for unit in [u for u in self.identities if u not in self._present]:
+        for unit in [u for u in self.identities if u not in self.present]:
             state = self.states.get(unit)
             if (state is None or state.attempt is None or state.attempt.ended is not None) and self.names.forget(unit):
                 logger.info("unit=%s container removed: no longer followed", unit)
@@ -256,8 +256,8 @@ class Agent:
             state = self.states.setdefault(unit, UnitState(unit, self.names.engine(unit)))
             expected = self.recorder.expected(state) if self.recorder else None
             ceiling = expectations.ceiling(expected, state.phase)
-            if unit in self._present:
-                self.identities[unit] = self._present[unit]
+            if unit in self.present:
+                self.identities[unit] = self.present[unit]
             view = UnitView(state, judge(state, t, self.limits, ceiling), expected, self.identities.get(unit))
             old = before.get(unit)
             if old is None or old.state.phase is not state.phase or old.verdict is not view.verdict:
