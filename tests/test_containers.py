@@ -262,6 +262,25 @@ def test_dockers_json_file_rotation_and_runs(node: Node, tmp_path: Path) -> None
     assert again.id == docker.id
 
 
+def test_a_log_the_agent_may_not_read_says_so(node: Node, tmp_path: Path) -> None:
+    """containerd's pod logs are root's (0640, root's group): an agent without that group says which file."""
+    pod = node.run_pod("llm", "vllm-0", "vllm", [*VLLM, scenario(tmp_path, SCRIPT)])
+    source = ContainerSource(node.pods, node.docker)
+    source.containers()
+    source.follow(["llm/vllm-0/vllm"])
+    os.chmod(pod.log, 0o000)
+    os.setegid(65534)
+    os.seteuid(65534)
+    try:
+        assert source.drain() == []
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+    assert source.status.failing
+    os.chmod(pod.log, 0o640)
+    poll(lambda: lines_of(source.drain(), "llm/vllm-0/vllm"), 20, "the lines, readable again")
+
+
 # --- end to end: the real `llmstartup serve`, no unit named ----------------------------------------
 
 LOAD = [

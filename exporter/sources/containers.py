@@ -258,7 +258,8 @@ def _read_docker(directory: Path) -> tuple[_DockerState, str, float] | None:
 class ContainerSource:
     """The containers on this host (kubelet's pods, Docker's containers) and their output, as observations.
 
-    `containers()` is cheap (a directory listing each, and a stat per Docker container): call it every round.
+    `containers()` is cheap (a directory listing each, and a stat per Docker container): call it every round,
+    then `drain()`, which says whether the round's reading worked.
     """
 
     def __init__(
@@ -278,6 +279,7 @@ class ContainerSource:
         self._followed_pods: dict[str, _PodFollower] = {}
         self._followed_docker: set[str] = set()  # units
         self._pending: list[Observation] = []  # the last lines of a pod's container whose pod was made anew
+        self._trouble: list[str] = []  # what could not be read this round
 
     def containers(self) -> dict[str, Container]:
         """Every container on the host, by unit."""
@@ -289,10 +291,10 @@ class ContainerSource:
             if self.docker is not None:
                 self._scan_docker()
                 found.update({d.container.unit: d.container for d in self._docker.values()})
-        except OSError as error:  # a directory we may not read: say so, keep what we had
-            self.status.down(f"{error.filename}: {error.strerror}")
+        except OSError as error:  # a directory we may not read: said at the drain, and what was found is kept
+            self._trouble = [f"{error.filename}: {error.strerror}"]
             return found
-        self.status.ok()
+        self._trouble = []
         return found
 
     def follow(self, units: Iterable[str]) -> None:
@@ -312,23 +314,41 @@ class ContainerSource:
         self._followed_docker = wanted & {d.container.unit for d in self._docker.values()}
 
     def drain(self) -> list[Observation]:
-        """Every line the followed containers wrote since the last call (and Docker's word on their runs)."""
+        """Every line the followed containers wrote since the last call (and Docker's word on their runs).
+
+        A file that cannot be read (not root's group, or gone mid-read) says why, and the others are read on.
+        """
         out, self._pending = self._pending, []
+        failed = list(self._trouble)
         for unit, follower in sorted(self._followed_pods.items()):
-            out += self._observations(follower.read(), unit)
+            try:
+                out += self._observations(follower.read(), unit)
+            except OSError as error:
+                failed.append(f"{error.filename or follower.directory}: {error.strerror}")
         for docker in sorted(self._docker.values(), key=lambda d: d.container.unit):
             unit = docker.container.unit
             if unit not in self._followed_docker:
                 continue
-            docker.reread()  # before its lines: a line of a new run is then told as one
-            out += docker.news(self._offset())
-            if docker.log_driver != "json-file":
-                continue  # journald: the journal source reads it; other drivers leave no file to read
-            if docker.file is None:
-                docker.file = FollowedFile(docker.directory / f"{docker.container.id}-json.log")
-            records = docker.records.whole(docker.file.read())
-            out += self._observations([(r, docker_run(r.t, docker.runs) if r.t else "") for r in records], unit)
+            try:
+                out += self._docker_lines(docker)
+            except OSError as error:
+                failed.append(f"{error.filename or docker.directory}: {error.strerror}")
+        if failed:
+            self.status.down("; ".join(failed))
+        else:
+            self.status.ok()
         return out
+
+    def _docker_lines(self, docker: _DockerContainer) -> list[Observation]:
+        docker.reread()  # before its lines: a line of a new run is then told as one
+        out = docker.news(self._offset())
+        if docker.log_driver != "json-file":
+            return out  # journald: the journal source reads it; other drivers leave no file to read
+        if docker.file is None:
+            docker.file = FollowedFile(docker.directory / f"{docker.container.id}-json.log")
+        records = docker.records.whole(docker.file.read())
+        runs = [(r, docker_run(r.t, docker.runs) if r.t else "") for r in records]
+        return out + self._observations(runs, docker.container.unit)
 
     # -- Docker --
 
