@@ -387,3 +387,32 @@ def test_wait_and_status_for_a_pods_container(node: Node, journald, tmp_path: Pa
     [doc] = [d for d in json.loads(done.stdout) if d["unit"] == "llm/vllm-0/vllm"]
     assert (doc["namespace"], doc["pod"], doc["container"], doc["phase"]) == ("llm", "vllm-0", "vllm", "ready")
     assert llmstartup("wait", "llm/vllm-1/vllm").returncode == 4  # no such pod
+
+
+@pytest.mark.parametrize(
+    ("state", "want"),
+    [
+        pytest.param({"ExitCode": 137, "OOMKilled": True}, [(Event.OOM_KILLED, ""), (Event.EXITED, "killed/9/SIG9")],
+                     id="OOM killer: 128+9, OOMKilled"),
+        pytest.param({"ExitCode": 1}, [(Event.EXITED, "exited/1/FAILURE")], id="a crash"),
+        pytest.param({"ExitCode": 0}, [(Event.EXITED, "exited/0/SUCCESS")], id="a clean exit"),
+        pytest.param({"Running": True, "Restarting": True, "ExitCode": 1}, [(Event.EXITED, "exited/1/FAILURE")],
+                     id="waiting to be restarted: its run has ended"),
+        pytest.param({"Running": True}, [], id="running"),
+    ],
+)
+def test_dockers_word_on_how_a_run_ended(tmp_path: Path, state: dict, want: list) -> None:
+    directory = tmp_path / "containers" / ID
+    directory.mkdir(parents=True)
+    config = {"State": {"Running": False, "Restarting": False, "OOMKilled": False, "Pid": 0, "ExitCode": 0,
+                        "StartedAt": "2026-11-29T12:00:01.000000001Z", "FinishedAt": "2026-11-29T12:05:00.5Z", **state},
+              "ID": ID, "Name": "/vllm", "RestartCount": 0}
+    (directory / "config.v2.json").write_text(json.dumps(config))
+    (directory / "hostconfig.json").write_text(json.dumps({"LogConfig": {"Type": "journald", "Config": {}}}))
+    wall = 1795953900.5 + 100  # FinishedAt + 100 s
+    source = ContainerSource(None, tmp_path, wall=lambda: wall, clock=lambda: 100.0)
+    assert list(source.containers()) == ["vllm"]
+    source.follow(["vllm"])
+    got = source.drain()
+    assert [(o.event, o.detail) for o in got] == want
+    assert all(o.t == pytest.approx(0.0) and o.invocation == "2026-11-29T12:00:01.000000001Z" for o in got)
