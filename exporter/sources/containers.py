@@ -43,6 +43,9 @@ class _Lines:
             record = self.parse(line)
             if record is None:
                 continue  # not a record of this format: damaged, or cut by a crash of the writer
+            if not record.partial and record.stream not in self.pending:  # a whole line: nearly every one
+                out.append(record)
+                continue
             before = self.pending.pop(record.stream, None)
             waiting, text = formats.joined(before.text if before else b"", record)
             if text is not None:
