@@ -313,7 +313,7 @@ CUDA_OOM = [
 
 def test_serve_follows_pods_and_docker_containers_with_no_unit_named(node: Node, agent, journald, tmp_path: Path) -> None:
     # two started before the agent (it reads their earlier lines), two after (it finds them as they start)
-    ready = node.run_pod("llm", "vllm-0", "vllm", [*VLLM, scenario(tmp_path, READY, "ready.json")])
+    node.run_pod("llm", "vllm-0", "vllm", [*VLLM, scenario(tmp_path, READY, "ready.json")])
     node.run_docker("vllm-journald", [*VLLM, scenario(tmp_path, READY_QUICK, "quick.json")], driver="journald",
                     journal_socket=journald.runtime_dir / "socket")
     port = agent(args=("--path.pods", str(node.pods), "--path.docker", str(node.docker)))

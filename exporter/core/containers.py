@@ -46,7 +46,9 @@ def scope_id(name: str) -> str | None:
 
 # kubelet's link to a container's current log file: /var/log/containers/POD_NAMESPACE_CONTAINER-ID.log
 # (pod and namespace names hold no `_`; a container name holds no `_` either, but may hold `-`).
-KUBELET_LINK = re.compile(r"(?P<pod>[^_/]+)_(?P<namespace>[^_/]+)_(?P<container>[^_/]+)-(?P<id>[0-9a-f]{64})\.log")
+KUBELET_LINK = re.compile(
+    r"(?P<pod>[^_/]+)_(?P<namespace>[^_/]+)_(?P<container>[^_/]+)-(?P<id>[0-9a-f]{64})\.log"
+)
 # kubelet's log files: /var/log/pods/NAMESPACE_POD_UID/CONTAINER/RESTART.log, rotated to
 # RESTART.log.YYYYMMDD-hhmmss, and that compressed to .gz at the next rotation.
 POD_LOG = re.compile(

@@ -97,7 +97,7 @@ def _pod_containers(links: Path) -> dict[str, _PodContainer]:
 
 
 class _PodFollower:
-    """One pod container's CRI log files: those of earlier starts once, then the current start's as it grows."""
+    """A pod container's log files: its earlier starts' once, then the current start's as it grows."""
 
     def __init__(self, pods: Path, log: PodLog) -> None:
         self.pods = pods
@@ -194,7 +194,7 @@ class _DockerContainer:
     state: _DockerState
     changed: float  # config.v2.json's mtime when it was read
     accounted: _DockerState | None = None  # the state its runs and ends were last told from
-    runs: tuple[tuple[float, str], ...] = ()  # (from when, run), wall clock: exporter.core.containers.docker_run
+    runs: tuple[tuple[float, str], ...] = ()  # (from when, run), wall clock: containers.docker_run
     file: FollowedFile | None = None
     records: _Lines = field(default_factory=lambda: _Lines(formats.docker_json_record))
 
@@ -362,17 +362,18 @@ class ContainerSource:
             ids = [e.name for e in os.scandir(root) if len(e.name) == 64]
         except FileNotFoundError:
             ids = []
-        for gone in self._docker.keys() - set(ids):
-            del self._docker[gone]
+        for gone in self._docker.keys() - set(ids):  # removed (docker rm): its file is let go
+            if (file := self._docker.pop(gone).file) is not None:
+                file.close()
         for container_id in ids:
             known = self._docker.get(container_id)
             if known is not None:
                 known.reread()
             elif (read := _read_docker(root / container_id)) is not None:
                 state, driver, changed = read
-                self._docker[container_id] = _DockerContainer(
-                    Container(state.name, container_id, name=state.name), root / container_id, driver, state, changed
-                )
+                container = Container(state.name, container_id, name=state.name)
+                directory = root / container_id
+                self._docker[container_id] = _DockerContainer(container, directory, driver, state, changed)
 
     # -- both --
 
@@ -385,7 +386,7 @@ class ContainerSource:
         out: list[Observation] = []
         last = self._clock()
         for record, invocation in records:
-            t = record.t - offset if record.t is not None else last  # an untimed record: when the one before was
+            t = record.t - offset if record.t is not None else last  # untimed: when the one before was
             last = t
             out += log_lines(record.text, t, unit, invocation)
         return out

@@ -44,7 +44,7 @@ def gunzipped(stream: BinaryIO, name: str = "") -> Iterator[bytes]:
 
 
 def _content(f: BinaryIO, compressed: bool, name: str, size: int = -1) -> bytes:
-    """An open file's bytes from where it stands (the first `size` of them), decompressed if it is compressed."""
+    """An open file's bytes from where it stands (the first `size` of them), decompressed if it is."""
     if not compressed:
         return f.read(size)
     data = b""
@@ -153,7 +153,7 @@ class FollowedFile:
             if self._current is None:
                 self._close(rotated)
                 return out
-            # a rotation between the two looks made the file opened one of the rotated ones: only those before it
+            # a rotation between two looks made the file opened a rotated one: only those before it
             known = [r.ident for r in rotated]
             before = rotated[: known.index(self._current.ident)] if self._current.ident in known else rotated
             out += [line for r in before for line in r.lines()]
@@ -196,12 +196,13 @@ class FollowedFile:
                 status = os.fstat(f.fileno())
                 rotated.append(_Rotated(name, f, (status.st_dev, status.st_ino)))
             current = self._open()
-            if self._rotated_names() == names and all(self._stands_at(r) for r in rotated) and self._stands(current):
+            settled = self._rotated_names() == names and all(self._stands_at(r) for r in rotated)
+            if settled and self._stands(current):
                 return rotated, current
             self._close(rotated)
             if current is not None:
                 os.close(current.fd)
-        logger.warning("path=%s is rotated faster than it can be read: lines may be missing or repeated", self.path)
+        logger.warning("path=%s rotates faster than it is read: lines may be missing or repeated", self.path)
         return [], self._open()
 
     def _stands_at(self, rotated: _Rotated) -> bool:
@@ -227,7 +228,7 @@ class FollowedFile:
             if found.ident == old.ident or (old.head and found.head(len(old.head)) == old.head):
                 return rotated[at + 1 :]
         if old.head:  # read before, and now nowhere to be found: removed with whatever followed it
-            logger.warning("path=%s the file read before was rotated away and removed: lines may be missing", self.path)
+            logger.warning("path=%s: the file read before is gone, and lines may be with it", self.path)
         return []
 
     def _open(self) -> _Open | None:

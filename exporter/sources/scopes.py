@@ -1,4 +1,4 @@
-"""Where each container's processes are: the cgroup named after its id, found by walking the cgroup v2 tree."""
+"""Where each container's processes are: the cgroup named after its id, found in the cgroup v2 tree."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class ContainerScopes:
         self.walks = 0
 
     def find(self, ids: Iterable[str]) -> None:
-        """Look for the cgroups of these containers (walking the tree if one is new or due); forget the rest."""
+        """Look for these containers' cgroups (walking the tree if one is new or due); forget the rest."""
         wanted = set(ids)
         now = self._clock()
         new = wanted - self._found.keys() - self._missing.keys()
