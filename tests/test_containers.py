@@ -197,7 +197,8 @@ def test_a_restart_is_a_new_start_and_earlier_starts_are_read_first(node: Node, 
     poll(lambda: seen.extend(lines_of(source.drain(), container.unit)) or any("Starting to load" in s.text for s in seen),
          20, "the second start's lines")
     invocations = [s.invocation for s in seen]
-    assert invocations[0] == f"{first.uid}/vllm/0" and invocations[-1] == f"{first.uid}/vllm/1"
+    assert invocations[0] == f"{first.uid}/vllm/0" and invocations[-1] == f"{first.uid}/vllm/1", [
+        (s.invocation, s.text[:60]) for s in seen]
     assert invocations == sorted(invocations)  # the first start's lines, then the second's
 
 

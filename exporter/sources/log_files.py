@@ -139,6 +139,7 @@ class FollowedFile:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._current: _Open | None = None
+        self._previous: _Open | None = None  # the file read before the last rotation, until the next is open
         self._closing: list[_Open] = []
 
     def read(self) -> list[bytes]:
@@ -148,16 +149,9 @@ class FollowedFile:
         for old in self._closing:
             out += old.close()
         self._closing = []
-        if self._current is None:
-            rotated, self._current = self._settled()
-            if self._current is None:
-                self._close(rotated)
-                return out
-            # a rotation between two looks made the file opened a rotated one: only those before it
-            known = [r.ident for r in rotated]
-            before = rotated[: known.index(self._current.ident)] if self._current.ident in known else rotated
-            out += [line for r in before for line in r.lines()]
-            self._close(rotated)
+        if self._current is None and not self._reopen(out):
+            return out
+        assert self._current is not None
         out += self._current.lines()
         try:
             status = os.stat(self.path)
@@ -166,13 +160,24 @@ class FollowedFile:
         if (status.st_dev, status.st_ino) == self._current.ident:
             return out
         old = self._current
-        rotated, self._current = self._settled()
-        out += [line for r in self._after(old, rotated) for line in r.lines()]
-        self._close(rotated)
+        out += old.lines()  # what was written to it between the read above and its rotation, first
         self._closing.append(old)
-        if self._current is not None:
+        self._current, self._previous = None, old
+        if self._reopen(out):
+            assert self._current is not None
             out += self._current.lines()
         return out
+
+    def _reopen(self, out: list[bytes]) -> bool:
+        """Open the file at the path, having read first the rotated files not read yet: every one at the first
+        call, after a rotation those rotated after the file read before. False while no file is at the path."""
+        rotated, current = self._settled()
+        if current is not None:
+            gone_by = rotated if self._previous is None else self._after(self._previous, rotated)
+            out += [line for r in gone_by for line in r.lines()]
+            self._current, self._previous = current, None
+        self._close(rotated)
+        return current is not None
 
     def close(self) -> list[bytes]:
         """The lines still unread, the last one even without its newline; the file is then let go."""
