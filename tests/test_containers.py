@@ -6,10 +6,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -235,6 +237,35 @@ def test_kubelets_rotation_under_load_loses_and_repeats_nothing(node: Node, tmp_
     assert len(rotated) >= 3, "kubelet rotated several times while the container wrote"
     assert any(p.name.endswith(".gz") for p in rotated)
     assert [int(text.split()[1]) for text in seen] == list(range(count))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_dockers_rotation_under_a_fast_writer_loses_reorders_and_repeats_nothing(tmp_path: Path, seed: int) -> None:
+    """dockerd's own rotation (tests/container_shim.py's, as dockerd does it: shift the numbered files, the
+    log becomes .1, a new one is opened) every ~50 lines, while the file is read as fast as it can be."""
+    from tests.container_shim import JsonFileLog
+
+    path = tmp_path / f"{ID}-json.log"
+    log = JsonFileLog(path, 8000, 100)
+    count, done = 600, threading.Event()
+
+    def write() -> None:
+        pace = random.Random(seed)
+        for i in range(count):
+            log.write("stdout", f"line {i} ".encode() + b"y" * pace.randrange(50, 150), False)
+            if pace.random() < 0.05:
+                time.sleep(0.0005)
+        done.set()
+
+    followed = FollowedFile(path)
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen: list[bytes] = []
+    while not done.is_set():
+        seen += followed.read()
+    writer.join()
+    seen += followed.read() + followed.read()
+    assert [int(json.loads(line)["log"].split()[1]) for line in seen] == list(range(count))
 
 
 def test_dockers_json_file_rotation_and_runs(node: Node, tmp_path: Path) -> None:
