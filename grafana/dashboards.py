@@ -270,7 +270,10 @@ def variables(fleet: bool) -> list[Any]:
     )
     unit = (
         label_values("unit", 'llmstartup_unit_info{cluster=~"$cluster", instance=~"$instance"}')
-        .description("The model-server systemd units the agents follow.")
+        .description(
+            "The model-server units the agents follow: systemd units, pods' containers (namespace/pod/container) "
+            "and Docker containers (their names)."
+        )
         .include_all(fleet)
         .multi(fleet)
     )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from exporter.shell.demo import sandbox
+from tests.container_runtime import CGROUP2, Node
 from tests.fake_nvml.fixtures import fake_nvml, fake_nvml_lib, fake_nvml_lib_no_v3  # noqa: F401
 from tests.needs import UNDER_CI, missing
 from tests.scrape import INTERVAL, SILENCE, STALL, free_port, try_fetch, wait_for
@@ -149,11 +151,11 @@ def journal_records(journald: sandbox.Journald) -> Callable[..., list[dict[str, 
 
 @pytest.fixture
 def agent(journald: sandbox.Journald, tmp_path) -> Callable[..., int]:
-    """`start(*units, env=None, gpu=False) -> port`: run the real `llmstartup serve` on the test
-    journald with the end-to-end thresholds; SIGTERM at teardown must stop it cleanly."""
+    """`start(*units, env=None, gpu=False, args=()) -> port`: run the real `llmstartup serve` on the test
+    journald with the end-to-end thresholds (and `args`); SIGTERM at teardown must stop it cleanly."""
     started: list[subprocess.Popen] = []
 
-    def start(*units: str, env: dict[str, str] | None = None, gpu: bool = False) -> int:
+    def start(*units: str, env: dict[str, str] | None = None, gpu: bool = False, args: tuple[str, ...] = ()) -> int:
         port = free_port()
         argv = [sys.executable, "-m", "exporter", "serve", "--journal.namespace", journald.namespace,
                 "--web.listen-address", f"127.0.0.1:{port}", "--sample.interval", f"{INTERVAL:g}s",
@@ -161,6 +163,7 @@ def agent(journald: sandbox.Journald, tmp_path) -> Callable[..., int]:
                 "--collector.gpu" if gpu else "--no-collector.gpu", "--state.path", str(tmp_path / "state.db")]
         for unit in units:
             argv += ["--unit", unit]
+        argv += args
         log = open(tmp_path / f"agent-{len(started)}.log", "w")
         started.append(subprocess.Popen(argv, stderr=log, env=env))
         wait_for(lambda: try_fetch(port), 15, "the agent to serve /metrics")
@@ -171,3 +174,14 @@ def agent(journald: sandbox.Journald, tmp_path) -> Callable[..., int]:
         if process.poll() is None:  # a test may have killed it on purpose
             process.terminate()
             assert process.wait(timeout=10) == 0, "the agent did not stop cleanly on SIGTERM"
+
+
+@pytest.fixture
+def node(tmp_path) -> Iterator[Node]:
+    """A node's container runtimes faked at their files (kubelet's pod logs, Docker's data root, under
+    tmp_path), their containers real processes in real cgroups (tests/container_runtime.py); all stopped after."""
+    if os.geteuid() != 0 or CGROUP2 is None:
+        pytest.skip("needs root and a cgroup2 mount, as the container runtimes do")
+    runtimes = Node(tmp_path / "node")
+    yield runtimes
+    runtimes.close()

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 
 import pytest
 
 from exporter.core.config import Config
+from exporter.core.containers import Container
 from exporter.core.model import Gpu, LogLine, Phase, ProcessSample, Reason, Verdict, XidError
-from exporter.shell.agent import Agent
+from exporter.shell.agent import DISCOVER_EVERY, Agent
 from exporter.shell.history import History
 from exporter.shell.recorder import HistoryRecorder
 from exporter.sources.gpu import GpuReading
@@ -245,3 +247,108 @@ def test_a_full_disk_neither_freezes_the_agent_nor_loses_a_start(small_disk) -> 
     snapshot = a.tick()
     assert snapshot.sources["history"].up is True
     assert [r.outcome for r in history.recent(U)] == ["ready"]
+# --- containers: discovered, named, folded and forgotten like units ------------------------------
+
+POD = "llm/vllm-0/vllm"
+
+
+class FakeContainers:
+    """The host's containers, which the test changes; their lines, which it queues."""
+
+    def __init__(self, present: dict[str, Container]) -> None:
+        self.status = SourceStatus("containers", LOG, lambda: 0.0)
+        self.status.ok()
+        self.present = present
+        self.followed: list[str] = []
+        self.queued: list = []
+
+    def containers(self) -> dict[str, Container]:
+        return dict(self.present)
+
+    def follow(self, units: Iterable[str]) -> None:
+        self.followed = [u for u in units if u in self.present]
+
+    def drain(self) -> list:
+        out, self.queued = self.queued, []
+        return out
+
+
+class ContainerProcesses(FakeProcesses):
+    """Processes in the containers' cgroups, as placed by their ids."""
+
+    def __init__(self, cmdlines: dict[str, str]) -> None:
+        super().__init__()
+        self.by_id = cmdlines  # container id → its process's command line
+        self.placed: dict[str, str] = {}
+
+    def place(self, containers) -> None:
+        self.placed = dict(containers)
+
+    def list_units(self) -> dict[str, tuple[str, ...]]:
+        return {}
+
+    def cmdlines(self, unit: str) -> tuple[str, ...]:
+        line = self.by_id.get(self.placed.get(unit, ""))
+        return (line,) if line else ()
+
+    def sample(self, units: Iterable[str], t: float) -> dict[str, ProcessSample]:
+        return {u: ProcessSample(t, u, self.pids if self.by_id.get(self.placed.get(u, "")) else frozenset(), 0.0, 0, 0, 0)
+                for u in units}
+
+
+def container_agent(config: Config, present: dict[str, Container], cmdlines: dict[str, str]):
+    clock = Clock()
+    containers = FakeContainers(present)
+    a = Agent(config, FakeJournal(), ContainerProcesses(cmdlines), FakeGpu(), clock=clock, wall=lambda: clock.t + 1.7e9,
+              containers=containers)
+    a.journal.ready_units = frozenset({POD, "sidecar", "vllm"})
+    return a, clock, containers
+
+
+VLLM_CMD = "python3 -m vllm.entrypoints.openai.api_server --model Qwen/Qwen3-8B"
+
+
+def test_a_model_server_container_is_discovered_placed_and_named() -> None:
+    present = {POD: Container(POD, "a" * 64, "llm", "vllm-0", "vllm"), "redis": Container("redis", "b" * 64, name="redis")}
+    a, clock, containers = container_agent(Config(interval=1.0), present, {"a" * 64: VLLM_CMD, "b" * 64: "redis-server *:6379"})
+    containers.queued = [LogLine(clock.t, POD, "Starting to load model Qwen/Qwen3-8B...", "uid/vllm/0")]
+    snapshot = a.tick()
+    assert a.processes.placed == {POD: "a" * 64, "redis": "b" * 64}  # each container's cgroup, by its id
+    assert [v.state.unit for v in snapshot.units] == [POD]  # redis is no model server
+    assert containers.followed == [POD]
+    [pod] = snapshot.units
+    assert (pod.state.engine, pod.state.phase) == ("vllm", Phase.DOWNLOADING)
+    assert pod.container == present[POD]
+
+
+@pytest.mark.parametrize(
+    ("include", "exclude", "followed"),
+    [
+        pytest.param(None, None, [POD, "vllm"], id="all by default"),
+        pytest.param(r"llm/.*", None, [POD], id="a namespace"),
+        pytest.param(None, r".*/vllm-0/.*", ["vllm"], id="not a pod"),
+        pytest.param(r"vllm", None, ["vllm"], id="the whole name: a Docker container's"),
+    ],
+)
+def test_containers_are_selected_by_their_unit(include, exclude, followed) -> None:
+    present = {POD: Container(POD, "a" * 64, "llm", "vllm-0", "vllm"), "vllm": Container("vllm", "c" * 64, name="vllm")}
+    config = Config(interval=1.0, container_include=include and re.compile(include),
+                    container_exclude=exclude and re.compile(exclude))
+    a, _, containers = container_agent(config, present, {"a" * 64: VLLM_CMD, "c" * 64: VLLM_CMD})
+    assert [v.state.unit for v in a.tick().units] == followed
+    assert containers.followed == followed
+
+
+def test_a_removed_container_is_forgotten_once_its_start_is_over() -> None:
+    present = {POD: Container(POD, "a" * 64, "llm", "vllm-0", "vllm")}
+    a, clock, containers = container_agent(Config(interval=1.0), present, {"a" * 64: VLLM_CMD})
+    containers.queued = [LogLine(clock.t, POD, "vLLM API server version 0.11.0", "uid/vllm/0")]
+    a.tick()
+    containers.present = {}  # the pod is deleted …
+    clock.t += DISCOVER_EVERY
+    assert [v.state.unit for v in a.tick().units] == [POD]  # … but its processes were last seen running
+    a.processes.by_id = {}  # they are gone: the start ends
+    clock.t += 1
+    assert view(a.tick(), POD).state.attempt.ended is not None
+    clock.t += DISCOVER_EVERY
+    assert a.tick().units == ()

@@ -219,3 +219,44 @@ def test_every_query_parses(tmp_path: Path) -> None:
         [promtool, "check", "rules", str(path)], check=False, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_pods_unit_selects_its_own_series_and_no_other(tmp_path: Path) -> None:
+    """Grafana puts the unit variable's value into the queries as it is: a pod's container
+    (`namespace/pod/container`) selects its own series in every panel of the unit view, and never another's."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    queries = panel_queries(unit="llm/vllm-0/vllm", instance="n1:9847")
+    rules = {"groups": [{"name": "panels", "rules": [{"record": f"panel:query_{i}", "expr": e} for i, (_, e) in enumerate(queries)]}]}
+    (tmp_path / "panels.yml").write_text(yaml.safe_dump(rules))
+    series = []
+    for unit in ("llm/vllm-0/vllm", "llm/vllm-01/vllm", "vllm-0.service"):
+        labels = f'instance="n1:9847",job="llmstartup",unit="{unit}"'
+        series += [
+            {"series": f'llmstartup_unit_info{{{labels},engine="vllm",model="m",namespace="llm",pod="vllm-0",container="vllm"}}', "values": "1x30"},
+            {"series": f'llmstartup_unit_phase{{{labels},phase="compiling"}}', "values": "1x30"},
+            {"series": f'llmstartup_unit_verdict{{{labels},verdict="silent_progress"}}', "values": "1x30"},
+            {"series": f'llmstartup_phase_start_timestamp_seconds{{{labels}}}', "values": "0x30"},
+        ]
+
+    def recorded(unit: str) -> str:
+        return f'{{__name__=~"panel:query_.*", unit="{unit}"}}'
+
+    test = {
+        "rule_files": ["panels.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": series,
+            "promql_expr_test": [
+                {"expr": f"clamp_max(count({recorded('llm/vllm-0/vllm')}), 1)", "eval_time": "20m",
+                 "exp_samples": [{"labels": "{}", "value": 1}]},
+                {"expr": f"count({recorded('llm/vllm-01/vllm')})", "eval_time": "20m", "exp_samples": []},
+                {"expr": f"count({recorded('vllm-0.service')})", "eval_time": "20m", "exp_samples": []},
+            ],
+        }],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
+    result = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yml")], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

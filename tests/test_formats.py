@@ -8,7 +8,9 @@ which only PID 1 and the kernel can write, were added to the namespace's entries
 systemd-journal-remote (export format in, journal file out). Then `TZ=UTC journalctl --file … -o`
 json, export, short -a (vllm.short), short (vllm-noall.short), short-iso -a and short-precise -a.
 vllm.journal.gz is the namespace's own journal file, copied while its journald was stopped.
-rollover.short, vllm.docker and the engines' plain logs are written by hand in each engine's format.
+rollover.short, vllm.docker and the engines' plain logs are written by hand in each engine's format;
+vllm.cri (containerd's CRI log file) and vllm.docker-json (Docker's json-file log) hold vllm.docker's lines in
+those runtimes' formats, plus a 40 KiB line cut into 16 KiB parts and a stderr line among the parts.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def reference() -> list[tuple]:
         ("vllm.short-iso", Format.SHORT_ISO),
         ("vllm.short-precise", Format.SHORT_PRECISE),
         ("vllm.docker", Format.DOCKER),
+        ("vllm.cri", Format.CRI),
+        ("vllm.docker-json", Format.DOCKER_JSON),
         ("vllm.log", Format.PLAIN),
         ("sglang.log", Format.PLAIN),
         ("tgi.log", Format.PLAIN),
@@ -431,6 +435,7 @@ TEXT_SAMPLES = [
     "vllm.short-precise",
     "rollover.short",
     "vllm.docker",
+    "vllm.cri",
     "vllm.log",
     "sglang.log",
     "tgi.log",
@@ -631,3 +636,57 @@ def test_journalctl_reads_the_fixture(journal_file: Path) -> None:
         ["journalctl", "--file", str(journal_file), "-o", "export"], capture_output=True, check=True
     ).stdout
     assert len(list(entries(split(out), Format.JOURNAL_EXPORT, year=2026))) == NAMESPACE_ENTRIES
+
+
+# --- container runtimes' log files -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["vllm.cri", "vllm.docker-json"])
+def test_container_log_files_give_docker_logs_lines_whole(name: str) -> None:
+    got = parse(name, unit=UNIT)
+    [args] = [f for _, f in got if "non-default args" in f["MESSAGE"]]
+    [warning] = [f for _, f in got if "Flash Attention" in f["MESSAGE"]]
+    # three parts, joined; the stderr line written between them apart
+    assert len(args["MESSAGE"]) > 32 * 1024 and args["MESSAGE"].endswith("'alias-02499']}")
+    assert warning["MESSAGE"].startswith("(EngineCore_0 pid=273) WARNING")
+    others = [(t, f) for t, f in got if f is not args and f is not warning]
+    assert others == parse("vllm.docker", unit=UNIT)  # the same lines, at the same times, as `docker logs -t`
+
+
+@pytest.mark.parametrize(
+    ("line", "want"),
+    [
+        pytest.param(b"2026-11-29T12:00:01.5Z stdout F x", (at(2026, 11, 29, 12, 0, 1) + 0.5, "stdout", b"x", False), id="F"),
+        pytest.param(b"2026-11-29T12:00:01Z stderr P x", (at(2026, 11, 29, 12, 0, 1), "stderr", b"x", True), id="P, whole second"),
+        pytest.param(b"2026-11-29T13:00:01.123456789+01:00 stdout F ", (at(2026, 11, 29, 12, 0, 1) + 0.123456789, "stdout", b"", False), id="a zone, empty line"),
+        pytest.param(b"2026-11-29T12:00:01Z stdout F:x y", (at(2026, 11, 29, 12, 0, 1), "stdout", b"y", False), id="more tags"),
+        pytest.param(b"2026-11-29T12:00:01Z stdin F x", None, id="no such stream"),
+        pytest.param(b"INFO 11-29 12:00:01 x", None, id="not CRI"),
+    ],
+)
+def test_cri_records(line: bytes, want: tuple | None) -> None:
+    record = formats.cri_record(line)
+    assert (record and (pytest.approx(record.t, abs=1e-6), record.stream, record.text, record.partial)) == (
+        want and (want[0], *want[1:])
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "want"),
+    [
+        pytest.param(b'{"log":"x\\n","stream":"stdout","time":"2026-11-29T12:00:01.000000001Z"}', ("stdout", b"x", False), id="whole"),
+        pytest.param(b'{"log":"x","stream":"stderr","time":"2026-11-29T12:00:01Z"}', ("stderr", b"x", True), id="a part"),
+        pytest.param(b'{"log":"\\u00e9\\ud800\\n","stream":"stdout","time":"x"}', ("stdout", "\u00e9?".encode(), False), id="a lone surrogate, no time"),
+        pytest.param(b'{"stream":"stdout"}', None, id="no log"),
+        pytest.param(b'{"log":', None, id="cut"),
+    ],
+)
+def test_docker_json_records(line: bytes, want: tuple | None) -> None:
+    record = formats.docker_json_record(line)
+    assert (record and (record.stream, record.text, record.partial)) == want
+
+
+def test_a_line_that_never_ends_is_cut_at_a_mebibyte() -> None:
+    parts = [b"2026-11-29T12:00:01Z stdout P " + b"x" * 16384 + b"\n"] * 200 + [b"2026-11-29T12:00:02Z stdout F y\n"]
+    got = list(entries(parts, Format.CRI, year=2026))
+    assert [len(f["MESSAGE"]) for _, f in got] == [formats.MAX_LINE] * 3 + [8 * 16384 + 1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -181,7 +182,8 @@ def test_daemonset_runs_the_agent_as_the_issue_asks() -> None:
     assert container["resources"]["limits"]["memory"] and container["resources"]["requests"]["cpu"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    for path in ("/var/log/journal", "/run/log/journal", "/etc/machine-id", "/host/sys/fs/cgroup"):
+    for path in ("/var/log/journal", "/run/log/journal", "/etc/machine-id", "/host/sys/fs/cgroup", "/var/log/pods",
+                 "/var/log/containers"):
         assert mounts[path]["readOnly"] is True, path
         assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path.removeprefix("/host"), path
     # Service → pods → ServiceMonitor line up on the same labels and port name.
@@ -192,6 +194,47 @@ def test_daemonset_runs_the_agent_as_the_issue_asks() -> None:
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert {p["name"] for p in service["spec"]["ports"]} >= {e["port"] for e in monitor["spec"]["endpoints"]}
     assert [p["name"] for p in container["ports"]] == ["metrics"]
+    # the agent pod's own namespace, pod and container are dropped: unit_info's, a model server's, stay as they are
+    drops = [r for r in monitor["spec"]["endpoints"][0]["relabelings"] if r["action"] == "labeldrop"]
+    assert any(all(re.fullmatch(r["regex"], label) for label in ("namespace", "pod", "container")) for r in drops)
+    assert not any(re.fullmatch(r["regex"], "instance") or re.fullmatch(r["regex"], "job") for r in drops)
+
+
+def _json_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902's add (to an object or the end of a list, `/-`) and replace, as kustomize applies them."""
+    obj = copy.deepcopy(obj)
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        node: Any = obj
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if op["op"] == "add" and last == "-":
+            node.append(op["value"])
+        elif op["op"] in ("add", "replace"):
+            assert op["op"] == "add" or last in node, op
+            node[last] = op["value"]
+        else:
+            raise AssertionError(f"not an op kustomize is given here: {op}")
+    return obj
+
+
+def test_the_docker_overlay_mounts_dockers_containers_and_runs_as_root_without_capabilities() -> None:
+    overlay = yaml.safe_load((MANIFESTS / "docker" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == [".."]
+    [patch] = overlay["patches"]
+    (ds,) = [o for _, o in manifests() if o["kind"] == patch["target"]["kind"] and o["metadata"]["name"] == patch["target"]["name"]]
+    patched = _json_patch(ds, yaml.safe_load(patch["patch"]))
+    validate(patched)
+    pod = patched["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    docker = mounts["/var/lib/docker/containers"]
+    assert docker["readOnly"] is True and volumes[docker["name"]]["hostPath"]["path"] == "/var/lib/docker/containers"
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsNonRoot"]) == (0, False)
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in container["securityContext"]["capabilities"]
+    assert all(m.get("readOnly") for p, m in mounts.items() if p not in ("/var/lib/llmstartup", "/tmp"))
 
 
 # --- The PrometheusRule, generated from the rules file --------------------------------------------

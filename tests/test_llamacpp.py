@@ -36,3 +36,25 @@ def test_the_agent_follows_llama_cpp_to_ready(agent, journald, tmp_path):
         assert final.value("llmstartup_kv_cache_tokens", unit=name) >= 128  # llama.cpp rounds n_ctx up
         # and the server the agent called ready really answers
         assert "tiny-random-llama" in fetch(port, "/v1/models")
+
+
+def test_the_agent_follows_a_llama_cpp_pod_to_ready(agent, node, tmp_path):
+    """The same server as a pod's container: its output in containerd's CRI log file, its processes in the
+    container's cgroup, found with no unit named."""
+    model = write_tiny_llama(tmp_path / "tiny-random-llama.gguf")
+    port = free_port()
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "--n_ctx", "128"]
+    metrics = agent(args=("--path.pods", str(node.pods), "--path.docker", str(node.docker)))
+    node.run_pod("llm", "llama-7c9d8", "server", argv)
+    unit = "llm/llama-7c9d8/server"
+    # ready from its lines; its processes' evidence is folded once the unit's journal past is read too
+    final = wait_for(lambda: (s := Scrape(fetch(metrics))).one_of("unit_verdict", unit, "verdict") == "ready"
+                     and (s.value("llmstartup_process_resident_memory_bytes", unit=unit) or 0) > 0 and s,
+                     120, "llama.cpp's pod to be followed to ready, with its processes")
+    for phase in ("launching", "loading_weights", "allocating_kv_cache", "starting_api"):
+        assert final.value("llmstartup_phase_duration_seconds_count", unit=unit, phase=phase) == 1, phase
+    info = final.all("llmstartup_unit_info", unit=unit)[0].labels
+    assert (info["engine"], info["model"], info["namespace"], info["pod"], info["container"]) == (
+        "llamacpp", str(model), "llm", "llama-7c9d8", "server")
+    assert "tiny-random-llama" in fetch(port, "/v1/models")

@@ -47,6 +47,8 @@ SCHEMA = {"unit", "engine", "engine_version", "model", "outcome", "last_phase", 
         pytest.param("vllm.short-iso", "vllm.service", "failed", "capturing_graphs", "cuda_oom", id="-o short-iso"),
         pytest.param("vllm.short-precise", "vllm.service", "failed", "capturing_graphs", "cuda_oom", id="-o short-precise"),
         pytest.param("vllm.docker", "vllm.service", "ready", "ready", None, id="docker logs -t"),
+        pytest.param("vllm.cri", "vllm.service", "ready", "ready", None, id="a CRI log file"),
+        pytest.param("vllm.docker-json", "vllm.service", "ready", "ready", None, id="a json-file log"),
         pytest.param("vllm.log", "vllm.service", "failed", "capturing_graphs", "cuda_oom", id="vLLM's own output"),
         pytest.param("sglang.log", "sglang.service", "ready", "ready", None, id="SGLang's own output"),
         pytest.param("tgi.log", "tgi.service", "ready", "ready", None, id="TGI's own output"),
@@ -308,3 +310,38 @@ def test_a_start_asked_to_stop_before_ready_is_stopped(tmp_path):
     [doc] = documents(str(path))
     assert (doc["outcome"], doc["failure_reason"], doc["last_phase"]) == ("stopped", None, "downloading")
     assert doc["startup_seconds"] == 8.0  # from PID 1's Started to its Stopping
+UID = "8d2b7c3a-94c1-4a0e-9b36-2f4a1c6e7d10"
+DOCKER_ID = "4f5e" * 16
+
+
+@pytest.mark.parametrize(
+    ("path", "fixture", "unit"),
+    [
+        pytest.param(f"llm_vllm-0_{UID}/vllm/0.log", "vllm.cri", "llm/vllm-0/vllm", id="kubelet's pod log"),
+        pytest.param(f"llm_vllm-0_{UID}/vllm/0.log.20261129-120105.gz", "vllm.cri", "llm/vllm-0/vllm", id="rotated, compressed"),
+        pytest.param(f"{DOCKER_ID}/{DOCKER_ID}-json.log.1", "vllm.docker-json", DOCKER_ID[:12], id="Docker's, rotated"),
+        pytest.param("copied.log.gz", "vllm.docker", "copied.service", id="any text, compressed"),
+    ],
+)
+def test_a_container_log_where_the_runtime_keeps_it(tmp_path, path, fixture, unit):
+    target = tmp_path / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data = (FORMATS / fixture).read_bytes()
+    target.write_bytes(gzip.compress(data) if path.endswith(".gz") else data)
+    [doc] = documents(str(target))
+    assert (doc["unit"], doc["outcome"], doc["last_phase"]) == (unit, "ready", "ready")
+
+
+def test_a_compressed_log_cut_short_gives_what_it_holds(tmp_path):
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(gzip.compress((FORMATS / "vllm.cri").read_bytes())[:-40])
+    done = replay(str(cut), "--format", "json")
+    assert done.returncode == 0 and "cut short" in done.stderr.decode()
+    assert json.loads(done.stdout)["last_phase"] != "launching"
+
+
+def test_a_compressed_journal_file_says_what_to_do(tmp_path, journal_file):
+    packed = tmp_path / "vllm.journal.gz"
+    packed.write_bytes(gzip.compress(journal_file.read_bytes()))
+    done = replay(str(packed))
+    assert done.returncode == 1 and "decompress it" in done.stderr.decode()

@@ -12,6 +12,10 @@ DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 STATE_PATH = Path("/var/lib/llmstartup/history.db")  # the systemd unit's StateDirectory=llmstartup
 UNIT_NAME = re.compile(r"[\w@:.\\-]+")
+# A pod's container: NAMESPACE/POD/CONTAINER (DNS labels, a pod's name a DNS subdomain)
+POD_UNIT = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?/[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[a-z0-9]([a-z0-9-]*[a-z0-9])?")
+PODS = Path("/var/log/pods")  # kubelet's pod logs; its links to them are in /var/log/containers beside it
+DOCKER = Path("/var/lib/docker")  # Docker's data root
 
 
 def parse_duration(text: str) -> float:
@@ -30,13 +34,24 @@ def parse_duration(text: str) -> float:
 
 
 def parse_unit(text: str) -> tuple[str, str | None]:
-    """`NAME[=ENGINE]` → (NAME with `.service` added when it has no suffix, ENGINE or None)."""
+    """`NAME[=ENGINE]` → (NAME with `.service` added when it has no suffix, ENGINE or None); a pod's
+    container `NAMESPACE/POD/CONTAINER` is its own name."""
     name, _, engine = text.partition("=")
+    if POD_UNIT.fullmatch(name):
+        return name, engine or None
     if not UNIT_NAME.fullmatch(name):
         raise ValueError(f"{text!r} is not a unit name")
     if "." not in name:
         name += ".service"
     return name, engine or None
+
+
+def parse_pattern(text: str) -> re.Pattern[str]:
+    """A regular expression a whole unit name must match (as node_exporter's --collector.*.unit-include)."""
+    try:
+        return re.compile(text)
+    except re.error as error:
+        raise ValueError(f"{text!r} is not a regular expression: {error}") from None
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -61,6 +76,10 @@ class Config:
     gpu: bool = True
     cgroup_root: Path | None = None  # None: found from /proc/self/mountinfo
     web_config: Path | None = None  # --web.config.file: TLS, basic auth and headers (exporter-toolkit format)
+    pods: Path | None = PODS  # None: no Kubernetes pods (--no-collector.containers)
+    docker: Path | None = DOCKER  # None: no Docker containers
+    container_include: re.Pattern[str] | None = None  # containers whose unit matches (whole), default all
+    container_exclude: re.Pattern[str] | None = None
 
     @property
     def limits(self) -> Limits:

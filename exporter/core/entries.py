@@ -24,7 +24,12 @@ FIELDS = (
     "SYSLOG_IDENTIFIER",
     "OBJECT_SYSTEMD_UNIT",  # journald's "Suppressed N messages from UNIT" notice names the unit here
     "N_DROPPED",
+    "CONTAINER_NAME",  # Docker's and Podman's journald log driver: the container a line is from
+    "_COMM",  # which program wrote the entry (trusted): the container runtime, for CONTAINER_NAME
 )
+# The programs whose CONTAINER_NAME is believed: Docker's daemon and Podman's conmon write their containers'
+# output to the journal themselves, so journald files it under their own unit (docker.service, a scope).
+CONTAINER_LOGGERS = frozenset({"dockerd", "conmon"})
 
 
 class MessageId(StrEnum):
@@ -72,6 +77,24 @@ def _text(value: bytes | str | list | None) -> str:  # type: ignore[type-arg]
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def container_name(fields: Mapping[str, bytes | str]) -> str:
+    """The container an entry is the output of (the journald log driver's CONTAINER_NAME), or "".
+
+    CONTAINER_NAME is a field any local program may set: it is believed only from the container runtime,
+    which journald names in the trusted `_COMM`.
+    """
+    if _text(fields.get("_COMM")) not in CONTAINER_LOGGERS:
+        return ""
+    return _text(fields.get("CONTAINER_NAME"))
+
+
+def log_lines(message: bytes | str, t: float, unit: str, invocation: str = "") -> list[Observation]:
+    """One record a unit printed (a journal MESSAGE, or a container's line) as the LogLines it holds."""
+    records = clean_records(message)
+    # A \r bar arrives when it ends; date each redraw back to when it was drawn.
+    return [LogLine(t - age, unit, r, invocation) for r, age in zip(records, redraw_ages(records))]
+
+
 def to_observations(
     fields: Mapping[str, bytes | str], t: float, units: frozenset[str]
 ) -> list[Observation | XidError]:
@@ -89,13 +112,13 @@ def to_observations(
     if transport == "kernel":
         found = XID.search(_text(fields.get("MESSAGE")))
         return [XidError(t, found.group(1).lower(), int(found.group(2)), "kernel")] if found else []
-    unit = _text(fields.get("_SYSTEMD_UNIT"))
+    container = container_name(fields)
+    unit = container or _text(fields.get("_SYSTEMD_UNIT"))
     if unit in units:
-        invocation = _text(fields.get("_SYSTEMD_INVOCATION_ID"))
+        # the runtime's own invocation id is no start of the container's: its starts are told by its processes
+        invocation = "" if container else _text(fields.get("_SYSTEMD_INVOCATION_ID"))
         message = fields.get("MESSAGE", b"")
-        records = clean_records(message[0] if isinstance(message, list) and message else message or b"")
-        # A \r bar arrives when it ends; date each redraw back to when it was drawn.
-        return [LogLine(t - age, unit, r, invocation) for r, age in zip(records, redraw_ages(records))]
+        return log_lines(message[0] if isinstance(message, list) and message else message or b"", t, unit, invocation)
     subject = _text(fields.get("UNIT"))
     if subject not in units or _text(fields.get("_PID")) != "1":
         return []

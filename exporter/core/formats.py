@@ -1,10 +1,13 @@
-"""Saved logs (journalctl json/export/short*, docker logs -t, engine output) as (time, journal fields)."""
+"""Saved logs (journalctl json/export/short*, container runtimes' log files, docker logs -t, engine output) as
+(time, journal fields); and the records of the container runtimes' log files, which the agent follows live."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from enum import StrEnum
 
@@ -25,6 +28,8 @@ class Format(StrEnum):
     SHORT = "short"  # journalctl [-o short]: "Nov 29 12:00:01 host ident[pid]: msg"
     SHORT_ISO = "short-iso"  # journalctl -o short-iso[-precise], rsyslog's RFC 3339 files
     SHORT_PRECISE = "short-precise"  # journalctl -o short-precise: "Nov 29 12:00:01.123456 host …"
+    CRI = "cri"  # containerd's and CRI-O's log files (/var/log/pods): "2026-11-29T12:00:01.12345Z stdout F line"
+    DOCKER_JSON = "docker-json"  # Docker's json-file driver: {"log":"line\n","stream":"stdout","time":"…"}
     DOCKER = "docker"  # docker logs -t / kubectl logs --timestamps: "2026-11-29T12:00:01.123456789Z line"
     PLAIN = "plain"  # an engine's own output, as it would have reached the journal line by line
 
@@ -69,6 +74,11 @@ SHORT_TIME = re.compile(
 )
 ISO_TIME = re.compile(rb"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)" + _FRACTION + _ZONE + rb" ")
 SYSLOG_HEAD = re.compile(rb"(?:[^\s\[\]:]+ )?([^\s\[\]:]+)(?:\[(\d+)\])?:(?: |$)")
+# The CRI logging format (kubelet's CRI spec): RFC 3339 time, stream, tags (P: a part of a longer line,
+# F: the end of one), one space, the content. containerd writes Go's RFC3339Nano, whose zeros are trimmed.
+CRI_RECORD = re.compile(
+    rb"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)" + _FRACTION + _ZONE + rb" (stdout|stderr) ([PF])(?::\S*)?(?: |$)"
+)
 DOCKER_TIME = re.compile(rb"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)" + _FRACTION + _ZONE + rb"(?: |$)")
 # TGI's tracing-subscriber lines: "2026-11-29T12:00:01.123456Z  INFO target: …" (6 digits, padded level).
 TGI_LINE = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{1,6}Z\s+(?:TRACE|DEBUG|INFO|WARN|ERROR)\s")
@@ -195,6 +205,8 @@ _PRIORITY = (
     Format.SHORT_ISO,
     Format.SHORT_PRECISE,
     Format.SHORT,
+    Format.CRI,
+    Format.DOCKER_JSON,
     Format.DOCKER,
     Format.PLAIN,
 )
@@ -212,12 +224,16 @@ def _classify(line: bytes) -> Format | None:
         journal_keys = ("__REALTIME_TIMESTAMP", "__CURSOR", "MESSAGE", "_BOOT_ID")
         if isinstance(entry, dict) and any(key in entry for key in journal_keys):
             return Format.JOURNAL_JSON
+        if isinstance(entry, dict) and isinstance(entry.get("log"), str) and "time" in entry:
+            return Format.DOCKER_JSON
         return Format.PLAIN
     head = line[:HEAD]
     if (found := ISO_TIME.match(head)) and SYSLOG_HEAD.match(head, found.end()):
         return Format.SHORT_ISO
     if found := SHORT_TIME.match(head):
         return Format.SHORT_PRECISE if found.group(6) else Format.SHORT
+    if CRI_RECORD.match(head):
+        return Format.CRI
     if (found := DOCKER_TIME.match(head)) and (len(found.group(7) or b"") == 9 or not TGI_LINE.match(head)):
         return Format.DOCKER
     name, eq, _ = head.partition(b"=")
@@ -313,8 +329,10 @@ def entries(
     Fields keep journald's names and only those in FIELDS; a value is str when it is valid UTF-8,
     else the raw bytes. MESSAGE keeps its `\\r`s and colours. The journal formats carry their own
     fields; the short formats give SYSLOG_IDENTIFIER and _PID, plus what `lifecycle_fields` reads
-    from `systemd[1]` lines and _TRANSPORT=kernel for `kernel:` lines, but no _SYSTEMD_UNIT; DOCKER
-    and PLAIN lines get _SYSTEMD_UNIT=`unit` (when given).
+    from `systemd[1]` lines and _TRANSPORT=kernel for `kernel:` lines, but no _SYSTEMD_UNIT; CRI,
+    DOCKER_JSON, DOCKER and PLAIN lines get _SYSTEMD_UNIT=`unit` (when given). The container runtimes'
+    files give each line once whole: the parts of a line they split (P records, json-file entries
+    without their newline) are joined, stdout's and stderr's apart.
 
     `year` is the year of the first dated line of a format that prints none (short,
     short-precise, vLLM, glog); later lines move to the next year when the dates go back past
@@ -330,6 +348,10 @@ def entries(
         return _export(lines)
     if fmt in (Format.SHORT, Format.SHORT_PRECISE, Format.SHORT_ISO):
         return _short(lines, _Years(year, tz), tz)
+    if fmt is Format.CRI:
+        return _container(lines, cri_record, unit)
+    if fmt is Format.DOCKER_JSON:
+        return _container(lines, docker_json_record, unit)
     if fmt is Format.DOCKER:
         return _docker(lines, unit)
     return _plain(lines, unit, _Years(year, tz), tz)
@@ -559,6 +581,113 @@ def _service(line: bytes, unit: str) -> tuple[bytes, Fields]:
 PROMPT = rb"(?:\$|[\w.-]+@[\w.-]+(?::[^\s$#]*)?[$#])"
 COMMAND = re.compile(PROMPT + rb" +\S")
 PROMPT_ALONE = re.compile(PROMPT + rb"\s*")
+# --- container runtimes' log files --------------------------------------------------------------
+
+MAX_LINE = 1024 * 1024  # a line joined from parts ends here: a writer that never ends its line cannot fill memory
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record of a container runtime's log file: a whole line, or a part of a longer one.
+
+    Runtimes cut a line at 16 KiB (containerd's and Docker's default) and write each part as a record.
+    """
+
+    t: float | None  # seconds since the epoch
+    stream: str  # stdout or stderr
+    text: bytes
+    partial: bool  # more of the same line follows in the next record of this stream
+
+
+def rfc3339(text: str | bytes) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time with a zone ("2026-11-29T12:00:01.48291Z"); None otherwise."""
+    raw = text.encode("ascii", "replace") if isinstance(text, str) else text
+    # the fraction apart from the whole second, which the lines of one second share: one date computed a second
+    head, rest = raw[:19], raw[19:]
+    digits = b""
+    if rest[:1] in (b".", b","):
+        zone_at = len(rest) - 1 if rest.endswith(b"Z") else max(rest.rfind(b"+"), rest.rfind(b"-"), 1)
+        digits, rest = rest[1:zone_at], rest[zone_at:]
+        if not (0 < len(digits) <= 9 and digits.isdigit()):
+            return None
+    whole = _whole_second(head, rest)
+    return whole + _fraction(digits) if whole is not None else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _whole_second(head: bytes, zone: bytes) -> float | None:
+    found = DOCKER_TIME.match(head + zone)
+    return _stamp(found.groups(), None) if found and found.end() == len(head) + len(zone) and zone else None
+
+
+STREAMS = {b"stdout": "stdout", b"stderr": "stderr"}
+
+
+def cri_record(line: bytes) -> Record | None:
+    """One line of a CRI log file, without its newline; None when it is not one."""
+    # `TIME STREAM TAGS CONTENT`: split rather than matched, as the agent reads every line of every pod
+    parts = line.split(b" ", 3)
+    if len(parts) < 3 or (stream := STREAMS.get(parts[1])) is None:
+        return None
+    tag = parts[2]
+    if tag[:1] not in (b"P", b"F") or (len(tag) > 1 and tag[1:2] != b":"):
+        return None
+    t = rfc3339(parts[0])
+    if t is None:
+        return None
+    return Record(t, stream, parts[3] if len(parts) > 3 else b"", tag[:1] == b"P")
+
+
+def docker_json_record(line: bytes) -> Record | None:
+    """One line of Docker's json-file log; None when it is not one. A line's parts lack its newline."""
+    try:
+        entry = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(log := entry.get("log"), str):
+        return None
+    text = log.encode("utf-8", "replace")  # a lone surrogate escaped in the JSON
+    stream, when = entry.get("stream"), entry.get("time")
+    t = rfc3339(when) if isinstance(when, str) else None
+    if text.endswith(b"\n"):
+        return Record(t, stream if isinstance(stream, str) else "stdout", text[:-1], False)
+    return Record(t, stream if isinstance(stream, str) else "stdout", text, True)
+
+
+def joined(pending: bytes, record: Record) -> tuple[bytes, bytes | None]:
+    """A record added to the parts of its stream's line that wait: (what still waits, the whole line or None)."""
+    text = pending + record.text if pending else record.text
+    if record.partial and len(text) < MAX_LINE:
+        return text, None
+    return b"", text
+
+
+def _container(
+    lines: Iterable[bytes], parse: Callable[[bytes], Record | None], unit: str
+) -> Iterator[tuple[float | None, Fields]]:
+    """CRI or json-file records: each whole line once, at the time of its last part."""
+    pending: dict[str, bytes] = {}
+    last: dict[str, float | None] = {}
+    for raw in lines:
+        record = parse(_line(raw))
+        if record is None:
+            if raw.strip():
+                yield None, _unit_fields(_line(raw), unit)  # damaged: passed on as it is, untimed
+            continue
+        pending[record.stream], whole = joined(pending.get(record.stream, b""), record)
+        last[record.stream] = record.t
+        if whole is not None and whole.strip():
+            yield record.t, _unit_fields(whole, unit)
+    for stream, rest in pending.items():  # the file ends inside a line: what was written of it
+        if rest.strip():
+            yield last[stream], _unit_fields(rest, unit)
+
+
+def _unit_fields(message: bytes, unit: str) -> Fields:
+    fields: Fields = {"MESSAGE": _text(message)}
+    if unit:
+        fields["_SYSTEMD_UNIT"] = unit
+    return fields
 
 
 def _plain(

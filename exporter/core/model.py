@@ -8,6 +8,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TypeVar
 
+from exporter.core.containers import Container
+
 
 class Phase(StrEnum):
     """Startup phases, in the order an attempt passes through them (docs/design.md)."""
@@ -403,6 +405,7 @@ class UnitView:
     state: UnitState
     verdict: Verdict
     expected: Expectation | None = None
+    container: Container | None = None  # the unit is this container (its namespace, pod and name)
 
 
 @dataclass(frozen=True, slots=True)

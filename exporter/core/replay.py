@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.core import grammar as grammars
-from exporter.core.entries import to_observations
 from exporter.core.grammar import Grammar
 from exporter.core.model import (
     Attempt,
@@ -24,6 +23,7 @@ from exporter.core.model import (
     UnitState,
 )
 from exporter.core.report import duration, gaps, size, timeline
+from exporter.core.entries import container_name, to_observations
 from exporter.core.tracker import advance
 
 Fields = Mapping[str, Any]
@@ -35,7 +35,8 @@ def _text(value: Any) -> str:
 
 
 def unit_of(fields: Fields, default: str) -> str:
-    """The unit a line belongs to: journald's _SYSTEMD_UNIT, else the syslog identifier of a short-format
+    """The unit a line belongs to: the container a runtime's journald log driver names, else journald's
+    _SYSTEMD_UNIT, else the syslog identifier of a short-format
     line (as `<identifier>.service`, which is what PID 1's lines call it), else the default.
 
     "" for PID 1 (its lines are about the unit in their UNIT field; journald files them under
@@ -43,7 +44,7 @@ def unit_of(fields: Fields, default: str) -> str:
     """
     if _text(fields.get("_PID")) == "1" or _text(fields.get("_TRANSPORT")) == "kernel":
         return ""
-    if unit := _text(fields.get("_SYSTEMD_UNIT")):
+    if unit := container_name(fields) or _text(fields.get("_SYSTEMD_UNIT")):
         return unit
     ident = _text(fields.get("SYSLOG_IDENTIFIER"))
     return f"{ident}.service" if ident else default

@@ -95,11 +95,16 @@ def unit_document(view: UnitView, snap: Snapshot) -> dict[str, Any]:
     found = progress.current(attempt)
     phase_end = progress.phase_end(found)
     ready = progress.ready_at(view.expected, attempt, now) if attempt and live else None
+    where = view.container.labels if view.container else {}
     return {
         "unit": state.unit,
         "engine": state.engine,
         "engine_version": state.info.get("engine_version"),
         "model": state.info.get("model"),
+        # a container's: its pod's namespace and name (a Docker container has neither), and its own name
+        "namespace": where.get("namespace") or None,
+        "pod": where.get("pod") or None,
+        "container": where.get("container") or None,
         "phase": str(state.phase),
         "verdict": str(view.verdict),
         "phase_seconds": round(now - attempt.phase_since, 3) if attempt else None,

@@ -12,6 +12,7 @@ from typing import Protocol
 from exporter.core import checkpoint, expectations, grammar, xids
 from exporter.core.checkpoint import Checkpoint
 from exporter.core.config import Config
+from exporter.core.containers import Container
 from exporter.core.model import (
     GpuSample,
     Observation,
@@ -55,6 +56,17 @@ class ProcessFeed(Protocol):
     def sample(self, units: Iterable[str], t: float) -> dict[str, ProcessSample]: ...
     def list_units(self) -> dict[str, tuple[str, ...]]: ...
     def cmdlines(self, unit: str) -> tuple[str, ...]: ...
+    def place(self, containers: Mapping[str, str]) -> None: ...  # unit → container id: where its processes are
+
+
+class ContainerFeed(Protocol):
+    """What the agent follows containers through (exporter.sources.containers.ContainerSource)."""
+
+    status: SourceStatus
+
+    def containers(self) -> dict[str, Container]: ...
+    def follow(self, units: Iterable[str]) -> None: ...
+    def drain(self) -> list[Observation]: ...
 
 
 class GpuFeed(Protocol):
@@ -75,10 +87,14 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         restored: Checkpoint | None = None,
+        containers: ContainerFeed | None = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
-        self.journal, self.processes, self.gpu = journal, processes, gpu
+        self.journal, self.processes, self.gpu, self.containers = journal, processes, gpu, containers
+        self.identities: dict[str, Container] = {}  # the units that are containers (the last seen of each)
+        self.present: dict[str, Container] = {}  # the containers on the host now, as the flags select them
+        self._looked_at: set[str] = set()  # containers (ids) whose command lines were read
         self._clock, self._wall = clock, wall
         self.grammars = grammar.load_all()
         self.names = EngineNames(config.units, self.grammars)
@@ -101,12 +117,16 @@ class Agent:
         """
         t = self._clock()
         offset = self._wall() - t
+        # 0. Containers every round (a restarted one has a new id, so a new cgroup); units every so often.
+        self._look_at_containers()
         if self._discovered_at is None or t - self._discovered_at >= DISCOVER_EVERY:
             self._discover()
             self._discovered_at = t
         units = self.names.units
         self.journal.watch(units)
-        # 1. Processes before the journal: a line written before the sample is then read this round.
+        if self.containers:
+            self.containers.follow(units)
+        # 1. Processes before the logs: a line written before the sample is then read this round.
         samples = self._sample(units, t)
         # 2. A unit's process side waits until its earlier lines are read, so that the fold stays in
         #    time order; asked before draining, so that those lines are surely in this round's drain.
@@ -117,6 +137,8 @@ class Agent:
         for item in self.journal.drain():
             (found if isinstance(item, XidError) else observations).append(item)
         self._take_over()
+        if self.containers:  # read whole in this call: a container's earlier lines come with its first drain
+            observations += self.containers.drain()
         # 4. A unit named without its engine: its processes' command lines name it, read as soon as it
         #    logs, so that even its first lines are folded with its own grammar.
         unnamed = {o.unit for o in observations if self.names.unknown(o.unit)}
@@ -195,7 +217,37 @@ class Agent:
         except OSError as error:
             self.processes_status.down(str(error))
             return
+        found.update({u: self.processes.cmdlines(u) for u in self.present if u not in self.names})
         self._rename(self.names.found(found))
+        self._forget_removed()
+
+    def _look_at_containers(self) -> None:
+        """The containers on the host now, as the selection flags allow; their cgroups found from their ids."""
+        if self.containers is None:
+            return
+        present = self.containers.containers()
+        include, exclude = self.config.container_include, self.config.container_exclude
+        self.present = {
+            unit: c for unit, c in present.items()
+            if (include is None or include.fullmatch(unit)) and not (exclude and exclude.fullmatch(unit))
+        }
+        self.processes.place({unit: c.id for unit, c in self.present.items()})
+        # A container just started is looked at now, not at the next discovery: one that fails fast (a crash
+        # loop restarts it under a new id each time) would be gone before that.
+        new = {u: c for u, c in self.present.items() if c.id not in self._looked_at and u not in self.names}
+        cmdlines = {u: lines for u in new if (lines := self.processes.cmdlines(u))}
+        self._looked_at = {c.id for c in self.present.values()} & (self._looked_at | {new[u].id for u in cmdlines})
+        self._rename(self.names.found(cmdlines))
+
+    def _forget_removed(self) -> None:
+        """A container that is gone (a pod deleted, a container removed) and whose last start is over stops
+        being a unit: pods come and go under new names, and the series of those gone must not pile up."""
+        for unit in [u for u in self.identities if u not in self.present]:
+            state = self.states.get(unit)
+            if (state is None or state.attempt is None or state.attempt.ended is not None) and self.names.forget(unit):
+                logger.info("unit=%s container removed: no longer followed", unit)
+                self.states.pop(unit, None)
+                del self.identities[unit]
 
     def _rename(self, named: Mapping[str, str]) -> None:
         """A unit published before its engine was known takes its engine's label."""
@@ -241,7 +293,9 @@ class Agent:
             state = self.states.setdefault(unit, UnitState(unit, self.names.engine(unit)))
             expected = self.recorder.expected(state) if self.recorder else None
             ceiling = expectations.ceiling(expected, state.phase)
-            view = UnitView(state, judge(state, t, self.limits, ceiling), expected)
+            if unit in self.present:
+                self.identities[unit] = self.present[unit]
+            view = UnitView(state, judge(state, t, self.limits, ceiling), expected, self.identities.get(unit))
             old = before.get(unit)
             if old is None or old.state.phase is not state.phase or old.verdict is not view.verdict:
                 logger.info("unit=%s phase=%s verdict=%s", unit, state.phase, view.verdict)
@@ -251,6 +305,8 @@ class Agent:
             sources["gpu"] = self.gpu.status.health
         if self.recorder and not self.recorder.history.readonly:
             sources["history"] = self.recorder.status.health
+        if self.containers:
+            sources["containers"] = self.containers.status.health
         now = t + offset
         # A source whose last success is stale is down, even if its thread is stuck inside a call
         # that has not failed yet (an NVML call can block for minutes).

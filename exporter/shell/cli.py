@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from exporter import __version__
-from exporter.core.config import STATE_PATH, Config, parse_duration, parse_listen, parse_unit
+from exporter.core.config import DOCKER, PODS, STATE_PATH, Config, parse_duration, parse_listen, parse_pattern, parse_unit
 from exporter.core.grammar import ENGINES
 
 logger = logging.getLogger("llmstartup")
@@ -38,8 +38,9 @@ def add_source_flags(parser: argparse.ArgumentParser, units: bool = True) -> Non
     if units:
         parser.add_argument(
             "--unit", action="append", default=[], type=_typed(parse_unit), metavar="NAME[=ENGINE]",
-            help="a unit to follow, optionally with its engine (vllm); repeat for more. "
-            "Default: discover model-server units from the processes in the cgroup tree",
+            help="a unit to follow (a systemd unit, or a pod's container as NAMESPACE/POD/CONTAINER), optionally "
+            "with its engine (vllm); repeat for more. Default: discover model-server units and containers from "
+            "their processes' command lines",
         )
     parser.add_argument("--journal.namespace", dest="namespace", metavar="NS", help="read this journald namespace")
     parser.add_argument("--journal.directory", dest="directory", type=Path, metavar="DIR", help="read journal files in DIR")
@@ -53,6 +54,17 @@ def add_source_flags(parser: argparse.ArgumentParser, units: bool = True) -> Non
                         help="sample GPU memory through NVML (default on; harmless without a GPU)")
     parser.add_argument("--path.cgroupfs", dest="cgroup_root", type=Path, metavar="DIR",
                         help="the cgroup v2 mount (default: found in /proc/self/mountinfo)")
+    parser.add_argument("--collector.containers", dest="containers", action=argparse.BooleanOptionalAction,
+                        default=True, help="follow Kubernetes pods' and Docker's containers too (default on)")
+    parser.add_argument("--path.pods", dest="pods", type=Path, default=PODS, metavar="DIR",
+                        help="kubelet's pod logs, with its links to them in DIR/../containers (default /var/log/pods)")
+    parser.add_argument("--path.docker", dest="docker", type=Path, default=DOCKER, metavar="DIR",
+                        help="Docker's data root (default /var/lib/docker)")
+    parser.add_argument("--collector.containers.unit-include", dest="container_include", type=_typed(parse_pattern),
+                        metavar="REGEX", help="only containers whose unit (NAMESPACE/POD/CONTAINER, or the Docker "
+                        "container's name) matches, whole (default all)")
+    parser.add_argument("--collector.containers.unit-exclude", dest="container_exclude", type=_typed(parse_pattern),
+                        metavar="REGEX", help="no container whose unit matches, whole")
 
 
 def _history_flag(parser: argparse.ArgumentParser) -> None:
@@ -147,6 +159,10 @@ def config_from(args: argparse.Namespace) -> Config:
         gpu=args.gpu,
         cgroup_root=args.cgroup_root,
         web_config=getattr(args, "web_config", None),
+        pods=args.pods if args.containers else None,
+        docker=args.docker if args.containers else None,
+        container_include=args.container_include,
+        container_exclude=args.container_exclude,
     )
 
 

@@ -60,7 +60,10 @@ class SnapshotCollector(Collector):
         build.add_metric([__version__], 1)
         yield build
 
-        info = _gauge("unit_info", "The model server a unit runs.", ["unit", "engine", "engine_version", "model"])
+        info = _gauge(
+            "unit_info", "The model server a unit runs; for a container, its namespace, pod and name.",
+            ["unit", "engine", "engine_version", "model", "namespace", "pod", "container"],
+        )
         phase = _gauge("unit_phase", "Startup phase of the unit: 1 for the current one." + CACHED, ["unit", "phase"])
         verdict = _gauge("unit_verdict", "Is the unit progressing, silently progressing, stalled…: 1 for the current one." + CACHED, ["unit", "verdict"])
         startup_start = _gauge("startup_start_timestamp_seconds", "When the unit's current or last start began.", ["unit"])
@@ -90,7 +93,12 @@ class SnapshotCollector(Collector):
 
         for view in snap.units:
             state, unit = view.state, view.state.unit
-            info.add_metric([unit, state.engine, state.info.get("engine_version", ""), state.info.get("model", "")], 1)
+            where = view.container.labels if view.container else {}
+            info.add_metric(
+                [unit, state.engine, state.info.get("engine_version", ""), state.info.get("model", ""),
+                 where.get("namespace", ""), where.get("pod", ""), where.get("container", "")],
+                1,
+            )
             for p in Phase:
                 phase.add_metric([unit, p], float(p is state.phase))
             for v in Verdict:

@@ -22,12 +22,23 @@ class EngineNames:
 
     def __init__(self, named: Iterable[tuple[str, str | None]], grammars: Mapping[str, Grammar]) -> None:
         self._engines: dict[str, str | None] = dict(named)  # None: not known yet
+        self._named = frozenset(self._engines)
         self._discovering = not self._engines
         self._grammars = tuple(grammars.values())
 
     @property
     def units(self) -> list[str]:
         return sorted(self._engines)
+
+    def __contains__(self, unit: str) -> bool:
+        return unit in self._engines
+
+    def forget(self, unit: str) -> bool:
+        """No longer watch this discovered unit (a container that was removed); one named by a flag stays."""
+        if unit in self._named or unit not in self._engines:
+            return False
+        del self._engines[unit]
+        return True
 
     def engine(self, unit: str) -> str:
         return self._engines.get(unit) or DEFAULT_ENGINE

@@ -26,7 +26,7 @@ class NoSuchUnit(Exception):
 def _first_look(runtime: Runtime, units: list[str], sleep: Callable[[float], None]) -> Snapshot:
     """The units' history is read (Runtime.start warmed the agent up); a second later, once more for rates."""
     journal = runtime.journal
-    missing = [u for u in units if not unit_exists(u, runtime.cgroup_root, journal.seen_units)]
+    missing = [u for u in units if not unit_exists(u, runtime.cgroup_root, journal.seen_units) and u not in runtime.agent.present]
     if missing:
         raise NoSuchUnit(", ".join(missing))
     sleep(1.0)  # two process samples a second apart: CPU and I/O rates

@@ -17,6 +17,7 @@ from exporter.shell.collector import SnapshotCollector
 from exporter.shell.history import History, HistoryError
 from exporter.shell.http import Server, make_app, serve
 from exporter.shell.recorder import HistoryRecorder
+from exporter.sources.containers import ContainerSource
 from exporter.sources.gpu import GpuSource
 from exporter.sources.journal import JournalPlace
 from exporter.sources.journal_process import JournalSource
@@ -59,7 +60,9 @@ class Runtime:
         known = recorder.checkpoint() if recorder else None  # what the agent before this one knew
         resume = (known.cursor, frozenset(known.states)) if known and known.cursor else None
         journal = JournalSource(JournalPlace(config.namespace, config.directory), resume=resume)
-        agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, recorder, restored=known if resume else None)
+        containers = ContainerSource(config.pods, config.docker) if config.pods or config.docker else None
+        agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, recorder, restored=known if resume else None,
+                      containers=containers)
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(lambda: agent.snapshot))
         ProcessCollector(namespace="llmstartup_exporter", registry=registry)

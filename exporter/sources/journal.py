@@ -181,6 +181,8 @@ class Follower:
                 reader.add_disjunction()
                 reader.add_match(OBJECT_SYSTEMD_UNIT=unit)  # journald's notices about it
                 reader.add_disjunction()
+                reader.add_match(CONTAINER_NAME=unit)  # a container's output, from the journald log driver
+                reader.add_disjunction()
             batch: list[Observation | XidError] = []
             while reader._next() and reader._get_realtime() <= self._position:
                 fields, t = _entry(reader)

@@ -16,6 +16,7 @@ from typing import TypeVar
 import psutil
 
 from exporter.core.model import ProcessSample, ProcessState, frozen_map
+from exporter.sources.scopes import ContainerScopes
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -98,7 +99,8 @@ def create_time_offset() -> float:
 
 
 class ProcessSource:
-    """Samples the processes of units under one slice of the cgroup v2 tree.
+    """Samples the processes of units in the cgroup v2 tree: a systemd service's under one slice, a
+    container's in the cgroup named after its id (`place`).
 
     Keeps the psutil.Process of every process it saw in the last call, so pass every watched unit
     to one `sample` call: a process not seen in a call is forgotten.
@@ -109,14 +111,32 @@ class ProcessSource:
         self.slice = slice
         self._known: dict[int, _Known] = {}
         self._io_warned = False
+        self.scopes = ContainerScopes(self.cgroup_root)
+        self._containers: dict[str, str] = {}  # unit → container id, for the units that are containers
+
+    def place(self, containers: Mapping[str, str]) -> None:
+        """These units are containers (unit → container id): their processes are in the container's cgroup."""
+        self._containers = dict(containers)
+        self.scopes.find(self._containers.values())
+
+    def cgroup(self, unit: str) -> Path | None:
+        """The unit's cgroup directory (which may not exist); None when a container's is not found."""
+        container = self._containers.get(unit)
+        return self.cgroup_root / self.slice / unit if container is None else self.scopes.cgroup(container)
+
+    def _unplaced(self, unit: str) -> bool:
+        """A container whose cgroup is not found yet, but may still appear: no evidence either way."""
+        container = self._containers.get(unit)
+        return container is not None and self.scopes.cgroup(container) is None and not self.scopes.gone(container)
 
     def sample(
         self, units: Iterable[str], t: float, boot_offset: float | None = None
     ) -> dict[str, ProcessSample]:
         """Each unit's processes at monotonic time `t` (boot_offset: see create_time_offset).
 
-        A unit with no cgroup gets an empty sample. A unit whose cgroup exists but cannot be read
-        is left out, so its evidence goes stale rather than claiming its processes are gone.
+        A unit with no cgroup gets an empty sample. A unit whose cgroup exists but cannot be read, or a
+        container whose cgroup is not found yet, is left out, so its evidence goes stale rather than
+        claiming its processes are gone.
         """
         self._check_root()
         if boot_offset is None:
@@ -124,9 +144,11 @@ class ProcessSource:
         known: dict[int, _Known] = {}
         samples: dict[str, ProcessSample] = {}
         for unit in units:
-            cgroup = self.cgroup_root / self.slice / unit
+            if self._unplaced(unit):
+                continue
+            cgroup = self.cgroup(unit)
             try:
-                pids = _pids(cgroup)
+                pids = _pids(cgroup) if cgroup else set()
             except OSError:
                 continue
             readings = []
@@ -138,7 +160,7 @@ class ProcessSource:
                 reading = _read(entry)
                 if reading is not None:
                     readings.append(reading)
-            samples[unit] = _summarise(unit, t, readings, _cgroup_cpu_seconds(cgroup))
+            samples[unit] = _summarise(unit, t, readings, _cgroup_cpu_seconds(cgroup) if cgroup else None)
             if not self._io_warned and any(known[r.pid].io_denied for r in readings):
                 self._io_warned = True
                 logger.warning(
@@ -168,8 +190,9 @@ class ProcessSource:
 
     def cmdlines(self, unit: str) -> tuple[str, ...]:
         """The command lines of one unit's processes; () when it has none, or no cgroup."""
+        cgroup = self.cgroup(unit)
         try:
-            return _cmdlines(_pids(self.cgroup_root / self.slice / unit))
+            return _cmdlines(_pids(cgroup)) if cgroup else ()
         except OSError:
             return ()
 

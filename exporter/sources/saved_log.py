@@ -1,4 +1,5 @@
-"""A saved log, a file or stdin: a journal file read natively, or text in any format exporter.core.formats knows."""
+"""A saved log, a file or stdin: a journal file read natively, or text in any format exporter.core.formats knows,
+gzip-compressed or not (kubelet and Docker compress the container logs they rotate)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from exporter.core import formats
+from exporter.core.containers import log_unit
 from exporter.sources.journal_file import is_journal_file, read_journal_file
+from exporter.sources.log_files import gunzipped
 
 HEAD = 64 * 1024  # bytes looked at to tell the format
+GZIP = b"\x1f\x8b"
 
 
 class _Counted(io.RawIOBase):
@@ -31,6 +35,30 @@ class _Counted(io.RawIOBase):
         buffer[: len(data)] = data
         self.read_bytes += len(data)
         return len(data)
+
+
+class _Unpacked(io.RawIOBase):
+    """A gzip-compressed file, decompressed as it is read."""
+
+    def __init__(self, chunks: Iterator[bytes], packed: BinaryIO) -> None:
+        self.chunks, self.packed, self.pending = chunks, packed, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def starts_journal(self) -> bool:
+        self.pending = next(self.chunks, b"")
+        return is_journal_file(self.pending[:8])
+
+    def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
+        data, self.pending = self.pending or next(self.chunks, b""), b""
+        size = min(len(buffer), len(data))
+        buffer[:size], self.pending = data[:size], data[size:]
+        return size
+
+    def close(self) -> None:
+        self.packed.close()
+        super().close()
 
 
 def journal_file(source: str) -> Path | None:
@@ -58,6 +86,11 @@ def entries(
         stream: BinaryIO = path.open("rb")
         total = path.stat().st_size
         year = year or datetime.fromtimestamp(path.stat().st_mtime).year  # the log's year, not today's
+        if head.startswith(GZIP):
+            stream, total = _Unpacked(gunzipped(stream, source), stream), 0  # its size is known at its end
+            if stream.starts_journal():
+                stream.close()
+                raise OSError(f"{source} is a compressed journal file: decompress it (gunzip) and replay that")
     else:
         stream, total = sys.stdin.buffer, 0
         year = year or datetime.now().year
@@ -77,6 +110,9 @@ def entries(
 
 
 def _unit_name(source: str) -> str:
-    """A plain engine log names no unit: call it after the file, as a unit name."""
+    """A container runtime's log file names its container in its path (a pod's, or a Docker container's id);
+    a plain engine log names no unit: call it after the file, as a unit name."""
+    if source != "-" and (unit := log_unit(os.path.abspath(source))):
+        return unit
     stem = "stdin" if source == "-" else os.path.basename(source).split(".")[0] or "log"
     return f"{stem}.service"
