@@ -238,6 +238,33 @@ def count_stat(ids: Ids, title: str, description: str, verdicts: str, colour: st
     )
 
 
+def now_stat(ids: Ids, title: str, description: str, expr: str, **kw):
+    """A stat panel of the unit view's top rows: one value, coloured by mappings or thresholds."""
+    panel = (
+        stat.Panel()
+        .id(ids())
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .with_target(query(expr, kw.get("legend"), instant=True))
+        .reduce_options(last_value())
+        .graph_mode(common.BigValueGraphMode.NONE)
+        .color_mode(
+            common.BigValueColorMode.BACKGROUND if "mappings" in kw else common.BigValueColorMode.VALUE
+        )
+        .text_mode(kw.get("text_mode", common.BigValueTextMode.VALUE))
+        .span(4)
+        .height(4)
+    )
+    if "mappings" in kw:
+        panel = panel.mappings(kw["mappings"])
+    if "unit" in kw:
+        panel = panel.unit(kw["unit"]).decimals(0)
+    if "thresholds" in kw:
+        panel = panel.thresholds(kw["thresholds"])
+    return panel
+
+
 def variables(fleet: bool) -> list[Any]:
     """datasource, cluster, instance, unit; the fleet view takes several hosts and units, the unit view one."""
 
@@ -345,13 +372,20 @@ def _dashboard(title: str, uid: str, description: str, since: str, refresh: str,
 
 
 def fleet() -> dashboard.Dashboard:
+    """Every unit on every host, row by row."""
     ids = Ids()
     d = _dashboard(
         "llmstartup / fleet", FLEET_UID,
         "Every LLM model-server unit on every host: which startup phase it is in, and whether it is still making progress.",
         "now-6h", "30s", fleet=True,
     )
+    for row in (fleet_now, fleet_timelines, fleet_starts_and_failures, fleet_agents):
+        d = row(d, ids)
+    return d
 
+
+def fleet_now(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
+    """Now: how many units are starting, silent, stalled, unknown, failed and ready, and a table of every unit."""
     d = d.with_row(dashboard.Row("Now").id(ids()))
     for title, description, verdicts, colour, alert in [
         (
@@ -541,7 +575,11 @@ def fleet() -> dashboard.Dashboard:
         .height(10)
     )
     d = d.with_panel(units)
+    return d
 
+
+def fleet_timelines(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
+    """Timelines: every unit's phase and verdict over time."""
     d = d.with_row(dashboard.Row("Timelines").id(ids()))
     d = d.with_panel(
         state_timeline(
@@ -567,7 +605,11 @@ def fleet() -> dashboard.Dashboard:
             10,
         )
     )
+    return d
 
+
+def fleet_starts_and_failures(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
+    """Starts and failures: starts by outcome, failures by phase and reason."""
     d = d.with_row(dashboard.Row("Starts and failures").id(ids()))
     d = d.with_panel(
         timeseries.Panel()
@@ -629,7 +671,11 @@ def fleet() -> dashboard.Dashboard:
         .span(12)
         .height(8)
     )
+    return d
 
+
+def fleet_agents(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
+    """Agents: whether each agent can read its sources."""
     d = d.with_row(dashboard.Row("Agents").id(ids()))
     d = d.with_panel(
         state_timeline(
@@ -657,42 +703,25 @@ def fleet() -> dashboard.Dashboard:
 
 
 def unit() -> dashboard.Dashboard:
+    """One unit on one host, row by row."""
     ids = Ids()
     d = _dashboard(
         "llmstartup / unit", UNIT_UID,
         "One LLM model-server unit on one host: where its start is, where the time went, and the evidence the agent judges it by.",
         "now-3h", "15s", fleet=False,
     )
+    for row in (unit_now, unit_how_much_longer, unit_timeline, unit_progress_evidence, unit_where_the_time_goes, unit_outcomes_values_gpus):
+        d = row(d, ids)
+    return d
 
+
+def unit_now(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
+    """Now: phase, verdict, time in phase, the start's duration, the silence, engine and model."""
     d = d.with_row(dashboard.Row("Now").id(ids()))
-
-    def now_stat(title: str, description: str, expr: str, **kw):
-        panel = (
-            stat.Panel()
-            .id(ids())
-            .title(title)
-            .description(description)
-            .datasource(DATASOURCE)
-            .with_target(query(expr, kw.get("legend"), instant=True))
-            .reduce_options(last_value())
-            .graph_mode(common.BigValueGraphMode.NONE)
-            .color_mode(
-                common.BigValueColorMode.BACKGROUND if "mappings" in kw else common.BigValueColorMode.VALUE
-            )
-            .text_mode(kw.get("text_mode", common.BigValueTextMode.VALUE))
-            .span(4)
-            .height(4)
-        )
-        if "mappings" in kw:
-            panel = panel.mappings(kw["mappings"])
-        if "unit" in kw:
-            panel = panel.unit(kw["unit"]).decimals(0)
-        if "thresholds" in kw:
-            panel = panel.thresholds(kw["thresholds"])
-        return panel
 
     d = d.with_panel(
         now_stat(
+            ids,
             "Phase",
             "The startup phase the unit is in now.",
             coded("llmstartup_unit_phase", "phase", PHASES, SEL),
@@ -701,6 +730,7 @@ def unit() -> dashboard.Dashboard:
     )
     d = d.with_panel(
         now_stat(
+            ids,
             "Verdict",
             "progressing: it wrote a log line lately. silent_progress: no line for the silence threshold, but CPU, I/O, GPU "
             "memory or its processes moved. stalled: nothing moved for the stall threshold. unknown: the evidence is stale.",
@@ -710,6 +740,7 @@ def unit() -> dashboard.Dashboard:
     )
     d = d.with_panel(
         now_stat(
+            ids,
             "In phase for",
             "How long the unit has been in its current phase.",
             f"max by ({KEYS}) (time() - llmstartup_phase_start_timestamp_seconds{{{SEL}}})",
@@ -719,6 +750,7 @@ def unit() -> dashboard.Dashboard:
     )
     d = d.with_panel(
         now_stat(
+            ids,
             "Start: running for / took",
             "While it starts: how long the current start has been going. Once ready: how long it took to become ready.",
             f"max by ({KEYS}) (time() - llmstartup_startup_start_timestamp_seconds{{{SEL}}})\n"
@@ -730,6 +762,7 @@ def unit() -> dashboard.Dashboard:
     )
     d = d.with_panel(
         now_stat(
+            ids,
             "No log line for",
             "Time since the unit's last journal line. Orange past the silence threshold (60s by default), red past the "
             "stall threshold (5m): silence alone is not a hang; the verdict weighs it against the other signals.",
@@ -740,6 +773,7 @@ def unit() -> dashboard.Dashboard:
     )
     d = d.with_panel(
         now_stat(
+            ids,
             "Engine and model",
             "The model server the unit runs, as its command line and logs say.",
             f"max by ({KEYS}, engine, engine_version, model) (llmstartup_unit_info{{{SEL}}})",
@@ -747,10 +781,15 @@ def unit() -> dashboard.Dashboard:
             text_mode=common.BigValueTextMode.NAME,
         )
     )
+    return d
 
+
+def unit_how_much_longer(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
+    """How much longer?: the phase's progress, when it and the start should end."""
     d = d.with_row(dashboard.Row("How much longer?").id(ids()))
     d = d.with_panel(
         now_stat(
+            ids,
             "Phase progress",
             "How far the current phase is by the engine's own progress reports (vLLM's and SGLang's shard bar, TGI's "
             "downloaded files, Ollama's load fraction, tqdm bars). No value while the phase reports none.",
@@ -761,6 +800,7 @@ def unit() -> dashboard.Dashboard:
     )
     d = d.with_panel(
         now_stat(
+            ids,
             "Phase ends in",
             "When the current phase should end, by the rate of its progress reports (the engine's own estimate of the "
             "time left when it prints one). None before two reports, nor for a phase that reports nothing; negative "
@@ -772,6 +812,7 @@ def unit() -> dashboard.Dashboard:
     )
     d = d.with_panel(
         now_stat(
+            ids,
             "Ready in, as usual",
             "When the start should be ready, from the unit's history: the current phase's expected end plus the "
             "typical duration of each phase ahead; without progress, the typical start. None without history.",
@@ -803,7 +844,11 @@ def unit() -> dashboard.Dashboard:
         .span(12)
         .height(6)
     )
+    return d
 
+
+def unit_timeline(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
+    """Timeline: the unit's phase and verdict over time."""
     d = d.with_row(dashboard.Row("Timeline").id(ids()))
     d = d.with_panel(
         state_timeline(
@@ -827,7 +872,11 @@ def unit() -> dashboard.Dashboard:
             4,
         )
     )
+    return d
 
+
+def unit_progress_evidence(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
+    """Is it still making progress?: the silence and each liveness signal, GPU memory, CPU, I/O, processes."""
     d = d.with_row(dashboard.Row("Is it still making progress?").id(ids()))
     d = d.with_panel(
         timeseries.Panel()
@@ -971,7 +1020,11 @@ def unit() -> dashboard.Dashboard:
         .span(6)
         .height(8)
     )
+    return d
 
+
+def unit_where_the_time_goes(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
+    """Where the time goes: the last start phase by phase, phase durations against the expected ones."""
     d = d.with_row(dashboard.Row("Where the time goes").id(ids()))
     breakdown = (
         bargauge.Panel()
@@ -1122,7 +1175,11 @@ def unit() -> dashboard.Dashboard:
         .span(24)
         .height(8)
     )
+    return d
 
+
+def unit_outcomes_values_gpus(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
+    """Outcomes, engine values, GPUs: failures, starts, what the engine reported, GPU busy, Xids."""
     d = d.with_row(dashboard.Row("Outcomes, engine values, GPUs").id(ids()))
     d = d.with_panel(
         table.Panel()
