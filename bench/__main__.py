@@ -16,7 +16,7 @@ import traceback
 
 from bench.common import Row, load_average, machine, say
 
-BENCHMARKS = ("ingest", "steady", "stall", "web", "lines")  # steady is items 2 and 3: they share one rig
+BENCHMARKS = ("ingest", "steady", "stall", "web", "lines", "restart")  # steady is items 2 and 3: they share one rig
 QUIET = 0.5
 
 
@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entries", type=int, default=300_000, help="journal entries of item 1 (300000)")
     parser.add_argument("--window", type=float, default=60.0, help="seconds measured in item 2 (60)")
     parser.add_argument("--scrapes", type=int, default=300, help="scrapes of each /metrics in item 3 (300)")
+    parser.add_argument("--restart-lines", type=int, action="append", dest="restart_lines_given",
+                        help="serving lines before a restart in item 5 (repeatable; 1000000 and 10000000)")
     args = parser.parse_args(argv)
+    args.restart_lines = tuple(args.restart_lines_given or (1_000_000, 10_000_000))
     chosen = args.only or list(BENCHMARKS)
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
@@ -52,18 +55,19 @@ def main(argv: list[str] | None = None) -> int:
     if load > QUIET:
         say(f"WARNING: the load average is above {QUIET}: other work on this machine inflates the steady-state "
             "CPU figures (item 2) and the latencies; run again when the machine is quiet")
-    if os.geteuid() != 0 and ({"steady", "stall"} & set(chosen)):
+    if os.geteuid() != 0 and ({"steady", "stall", "restart"} & set(chosen)):
         say("items 2-4 run units in a private journald namespace and need root; run as root")
         return 1
     say()
 
-    from bench import ingest, lines, stall, steady, web
+    from bench import ingest, lines, restart, stall, steady, web
 
     runs = {"ingest": lambda: ingest.run(args.entries),
             "steady": lambda: steady.run(args.window, args.scrapes),
             "stall": stall.run,
             "web": web.run,
-            "lines": lines.run}
+            "lines": lines.run,
+            "restart": lambda: restart.run(args.restart_lines)}
     rows: list[Row] = []
     failed = []
     started = time.monotonic()

@@ -1,4 +1,4 @@
-"""5. Restart catch-up: an agent restarted on a host whose model server has served a long time this boot.
+"""7. Restart catch-up: an agent restarted on a host whose model server has served a long time this boot.
 
 One unit, `bench-vllm.service`, started once this boot (PID 1's `Started`, the demo's real-format
 startup to `Application startup complete.`) and then serving: N access and stats lines, as a busy
@@ -119,7 +119,8 @@ class Server:
 
 def first_correct_scrape(folder: Path, state: Path, log: Path) -> tuple[float, int]:
     """Seconds from `serve`'s start to a scrape showing the unit ready with its one start counted; and
-    the agent's peak RSS (its own and its children's) meanwhile, in bytes."""
+    the agent's peak RSS (its own and its children's) meanwhile, in bytes. The agent is then left to
+    finish reading the journal (its journal source up), and stopped cleanly: what it knows is saved."""
     from bench.common import descendants, rss_bytes
 
     port = free_port()
@@ -142,7 +143,11 @@ def first_correct_scrape(folder: Path, state: Path, log: Path) -> tuple[float, i
             text = body.decode()
             if (f'llmstartup_unit_phase{{phase="ready",unit="{UNIT}"}} 1.0' in text
                     and f'llmstartup_startups_total{{outcome="ready",unit="{UNIT}"}} 1.0' in text):
-                return time.perf_counter() - started, peak
+                took = time.perf_counter() - started
+                while 'llmstartup_source_up{source="journal"} 1.0' not in scrape(port, timeout=2)[1].decode():
+                    peak = max(peak, sum(rss_bytes(p) for p in [agent.pid, *descendants(agent.pid)]))
+                    time.sleep(0.2)
+                return took, peak
             time.sleep(0.01)
     finally:
         if agent.poll() is None:
@@ -151,7 +156,7 @@ def first_correct_scrape(folder: Path, state: Path, log: Path) -> tuple[float, i
 
 
 def run(sizes: tuple[int, ...] = SIZES) -> list[Row]:
-    say("5. restart catch-up: one unit started once this boot, then N serving lines")
+    say("7. restart catch-up: one unit started once this boot, then N serving lines")
     rows = []
     server = Server()
     try:

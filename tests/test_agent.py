@@ -41,6 +41,7 @@ class FakeJournal:
         self.restarts = 0
         self.resumed = False
         self.resume_lost: str | None = None
+        self.behind = False
         self.queued: list = []
 
     def watch(self, units: Iterable[str]) -> None:

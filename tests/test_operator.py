@@ -150,3 +150,20 @@ def test_status_without_units_shows_every_model_server(journald, journal_records
     by_unit = {line.split()[0]: line for line in done.stdout.splitlines()}
     assert " compiling " in by_unit[unit.name], done.stdout
     assert not {"ssh.service", "cron.service", "systemd-journald.service"} & by_unit.keys(), "no model servers"
+
+
+@pytest.mark.parametrize(("steps", "code", "verdict"), [
+    pytest.param(READY_QUICKLY, 0, "ready", id="ready"),
+    pytest.param(CUDA_OOM, 1, "failed", id="failed"),
+])
+def test_wait_json_lines_for_scripts(units, journald, steps, code, verdict):
+    unit = units("wait-json", steps)
+    done = llmstartup(journald, "wait", unit.name, "--format", "json", "--heartbeat", "1s")
+    assert done.returncode == code, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]  # every line one JSON object
+    assert events[0]["event"] == "change" and events[-1]["event"] == "end"
+    assert (events[-1]["exit"], events[-1]["verdict"], events[-1]["unit"]) == (code, verdict, unit.name)
+    assert {e["event"] for e in events} <= {"change", "heartbeat", "end"}
+    changes = [(e["phase"], e["verdict"]) for e in events if e["event"] == "change"]
+    assert len(changes) == len(set(changes)), "a change is said once"
+    assert all({"phase", "verdict", "phase_seconds", "signals", "timeline"} <= e.keys() for e in events)

@@ -45,6 +45,7 @@ class JournalFeed(Protocol):
     restarts: int
     resumed: bool  # it went on from the checkpoint's cursor
     resume_lost: str | None  # why it could not
+    behind: bool  # it has read more than a drain takes: drain again at once
 
     def watch(self, units: Iterable[str]) -> None: ...
     def drain(self) -> list[Observation | XidError]: ...
@@ -190,11 +191,14 @@ class Agent:
                 self.tick()
             except Exception:  # the one broad catch: a bug in one round must not end the agent
                 logger.exception("agent round failed")
-            stop.wait(max(0.0, self.config.interval - (self._clock() - started)))
+            if not self.journal.behind:  # catching up: the next round at once, not at the next interval
+                stop.wait(max(0.0, self.config.interval - (self._clock() - started)))
 
     def close(self) -> None:
-        """A last checkpoint as the agent stops: the one after it (an upgrade) reads on from here."""
+        """A last round and a checkpoint of it as the agent stops: the one after it (an upgrade) reads on
+        from here. The round counts a unit whose earlier lines the round before finished reading."""
         if self.recorder:
+            self.tick()
             offset = self._wall() - self._clock()
             self.recorder.remember(self.states.values(), offset, self.journal.drained_cursor, self._caught_up,
                                    checkpoint_now=True)

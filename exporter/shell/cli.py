@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--heartbeat", type=_typed(parse_duration), default=30.0, metavar="DURATION",
                       help="print the evidence this often when nothing changes (default 30s; "
                       "on a terminal a live status line instead)")
+    wait.add_argument("--format", choices=["text", "json"], default="text",
+                      help="json: one JSON object a line (event change, heartbeat, end), for scripts; default text")
     add_source_flags(wait, units=False)
     _history_flag(wait)
 
@@ -190,7 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from exporter.shell.foreground import run_wait
 
         args.unit = [args.unit_name]
-        return _clear_errors(lambda: run_wait(config_from(args), args.timeout, args.heartbeat, sys.stdout))
+        return _clear_errors(lambda: run_wait(config_from(args), args.timeout, args.heartbeat, sys.stdout,
+                                              fmt=args.format))
     return run_serve(config_from(args))
 
 

@@ -63,10 +63,22 @@ def run_wait(
     out: TextIO,
     err: TextIO = sys.stderr,
     sleep: Callable[[float], None] = time.sleep,
+    fmt: str = "text",
 ) -> int:
-    """Block until the unit is ready, failed or stalled, or the timeout passes; print as it goes."""
+    """Block until the unit is ready, failed or stalled, or the timeout passes; print as it goes.
+
+    `fmt` json: one JSON object a line, for scripts: `status --format json`'s document with an `event`
+    (`change` of phase or verdict, `heartbeat`, and last `end` with the `exit` status), never a live line.
+    """
     [unit] = [u for u, _ in config.units]
-    live = out.isatty()
+    json_lines = fmt == "json"
+    live = out.isatty() and not json_lines
+
+    def say(view: UnitView, snap: Snapshot, event: str, text: str, **extra: object) -> None:
+        if json_lines:
+            out.write(json.dumps({"event": event, **extra, **unit_document(view, snap)}) + "\n")
+        else:
+            out.write(("\r\x1b[K" if live else "") + text + "\n")
     started = time.monotonic()
     runtime = Runtime.start(config, http=False)
     try:
@@ -82,17 +94,22 @@ def run_wait(
             line = status_line(view, snap)
             changed = last is None or view.state.phase is not last.state.phase or view.verdict is not last.verdict
             if changed or (not live and time.monotonic() - said >= heartbeat):
-                out.write(("\r\x1b[K" if live else "") + line + "\n")
+                say(view, snap, "change" if changed else "heartbeat", line)
                 said = time.monotonic()
             elif live:
                 out.write("\r\x1b[K" + line)
-            out.flush()
             last = view
             if view.verdict in VERDICT_EXIT:
+                if json_lines:
+                    say(view, snap, "end", line, exit=VERDICT_EXIT[view.verdict])
+                out.flush()
                 return VERDICT_EXIT[view.verdict]
             if time.monotonic() - started >= timeout:
-                out.write(("\r\x1b[K" if live else "") + f"{unit}: timed out after {duration(timeout)}: {line}\n")
+                say(view, snap, "end", f"{unit}: timed out after {duration(timeout)}: {line}", exit=TIMED_OUT,
+                    timed_out_after_seconds=timeout)
+                out.flush()
                 return TIMED_OUT
+            out.flush()
             sleep(config.interval)
             snap = runtime.agent.tick()
     finally:

@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 
 BACKOFF_MAX = 30.0
 HEADER = struct.Struct("<I")
+# Batches (of up to 1000 observations) read but not yet drained: past this the reader waits for the
+# agent, and the child for the reader, so that a catch-up over millions of lines holds a few MB, not
+# hundreds; the agent, told it is behind, drains again at once instead of at its next round.
+BACKLOG = 16
 
 
 class Pipe:
@@ -105,7 +109,7 @@ class JournalSource:
                  resume: tuple[str, frozenset[str]] | None = None) -> None:
         self.place = place
         self._units: frozenset[str] = frozenset()
-        self._out: queue.SimpleQueue[tuple[list[Observation | XidError], str | None]] = queue.SimpleQueue()
+        self._out: queue.Queue[tuple[list[Observation | XidError], str | None]] = queue.Queue(BACKLOG)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._supervise, name="journal", daemon=True)
         self.cursor: str | None = resume[0] if resume else None  # the last entry handed over live
@@ -130,6 +134,11 @@ class JournalSource:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+    @property
+    def behind(self) -> bool:
+        """More is read than the agent took: it should drain again at once."""
+        return self._out.full()
 
     def drain(self) -> list[Observation | XidError]:
         """Everything read since the last call, in journal order; `drained_cursor` says how far."""
@@ -200,7 +209,12 @@ class JournalSource:
     def _receive(self, kind: str, payload: object) -> None:
         if kind == "lines":
             batch, cursor = payload  # type: ignore[misc]
-            self._out.put((batch, cursor))
+            while not self._stop.is_set():
+                try:
+                    self._out.put((batch, cursor), timeout=0.2)
+                    break
+                except queue.Full:
+                    continue
             for obs in batch:
                 unit = getattr(obs, "unit", None)
                 if unit and unit not in self.seen_units:
