@@ -51,6 +51,9 @@ class FakeJournal:
         out, self.queued = self.queued, []
         return out
 
+    def settle(self, timeout: float) -> None:
+        pass
+
 
 class FakeProcesses:
     """One unit's processes: their command lines and their CPU, which the test turns."""

@@ -101,3 +101,28 @@ def test_pid1s_lines_about_a_unit_are_read_and_only_pid1s(journal_folder, readin
     assert (live[0].event, live[0].invocation) == (Event.STARTED, second)
     assert (live[1].gpu, live[1].xid, live[1].source) == ("0000:3b:00", 79, "kernel")
     assert not [o for o in live if isinstance(o, LogLine)]
+
+
+def test_a_catch_up_is_handed_over_at_the_readers_pace_not_at_the_agents_rounds(journal_folder, reading):
+    """Agent.run's loop, with a round every 30 s: while the reader is behind, the next drain comes once a
+    backlog's worth is read, so 40 batches arrive in seconds, not in one round each (a round per 16,000
+    lines made a first start over 10 M serving lines take tens of minutes)."""
+    first = uuid.uuid4().hex
+    lines = 40_000
+    _write(journal_folder / "earlier.journal", *(
+        _entry(60 - i / 1000, _SYSTEMD_UNIT=UNIT, _PID="4242", _TRANSPORT="stdout", _SYSTEMD_INVOCATION_ID=first,
+               MESSAGE=f"INFO:     10.0.0.7:51234 - \"POST /v1/completions HTTP/1.1\" 200 OK #{i}")
+        for i in range(lines)))
+    reading.watch([UNIT])
+    reading.start()
+    wait_for(lambda: reading.behind, 10, "the reader to start catching up", every=0.01)
+    read: list[str] = []
+    deadline = time.monotonic() + 20
+    while len(read) < lines and time.monotonic() < deadline:
+        read += [o.text for o in reading.drain() if isinstance(o, LogLine)]
+        if reading.behind:
+            reading.settle(30)
+        elif len(read) < lines:
+            time.sleep(min(30, max(0.0, deadline - time.monotonic())))  # the agent's interval
+    assert [m.rsplit("#", 1)[1] for m in read] == [str(i) for i in range(lines)]
+    assert not reading.behind

@@ -45,10 +45,11 @@ class JournalFeed(Protocol):
     restarts: int
     resumed: bool  # it went on from the checkpoint's cursor
     resume_lost: str | None  # why it could not
-    behind: bool  # it has read more than a drain takes: drain again at once
+    behind: bool  # it is catching up: drain after settle(), not at the next round
 
     def watch(self, units: Iterable[str]) -> None: ...
     def drain(self) -> list[Observation | XidError]: ...
+    def settle(self, timeout: float) -> None: ...  # wait until a drain is worth a round
 
 
 class ProcessFeed(Protocol):
@@ -191,8 +192,11 @@ class Agent:
                 self.tick()
             except Exception:  # the one broad catch: a bug in one round must not end the agent
                 logger.exception("agent round failed")
-            if not self.journal.behind:  # catching up: the next round at once, not at the next interval
-                stop.wait(max(0.0, self.config.interval - (self._clock() - started)))
+            rest = max(0.0, self.config.interval - (self._clock() - started))
+            if self.journal.behind:  # catching up: the next round once a backlog's worth is read
+                self.journal.settle(rest)
+            else:
+                stop.wait(rest)
 
     def close(self) -> None:
         """A last round and a checkpoint of it as the agent stops: the one after it (an upgrade) reads on

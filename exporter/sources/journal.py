@@ -58,6 +58,10 @@ def fields_of(reader: journal.Reader) -> dict[str, bytes]:
     return {name: everything[name] for name in FIELDS if name in everything}
 
 
+# Observations a message carries at most: a batch this full was cut short, and more are coming.
+BATCH = 1000
+
+
 def _entry(reader: journal.Reader) -> tuple[dict[str, bytes], float]:
     return fields_of(reader), reader._get_monotonic()[0] / 1e6
 
@@ -114,7 +118,7 @@ class Follower:
                     fields, t = _entry(reader)
                     self._position = reader._get_realtime()
                     batch += to_observations(fields, t, self.units)
-                    if len(batch) >= 1000:  # keep each message small; the cursor says how far
+                    if len(batch) >= BATCH:  # keep each message small; the cursor says how far
                         self._hand_over(batch, reader)
                         batch = []
                 self._hand_over(batch, reader)
@@ -187,7 +191,7 @@ class Follower:
             while reader._next() and reader._get_realtime() <= self._position:
                 fields, t = _entry(reader)
                 batch += to_observations(fields, t, added)
-                if len(batch) >= 1000:
+                if len(batch) >= BATCH:
                     self._send("lines", (batch, None))
                     batch = []
             self._send("lines", (batch, None))

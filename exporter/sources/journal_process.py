@@ -28,16 +28,16 @@ import time
 from collections.abc import Callable, Iterable
 
 from exporter.core.model import Observation, XidError
-from exporter.sources.journal import Follower, JournalPlace
+from exporter.sources.journal import BATCH, Follower, JournalPlace
 from exporter.sources.status import SourceStatus
 
 logger = logging.getLogger(__name__)
 
 BACKOFF_MAX = 30.0
 HEADER = struct.Struct("<I")
-# Batches (of up to 1000 observations) read but not yet drained: past this the reader waits for the
-# agent, and the child for the reader, so that a catch-up over millions of lines holds a few MB, not
-# hundreds; the agent, told it is behind, drains again at once instead of at its next round.
+# Batches read but not yet drained: past this the reader waits for the agent, and the child for the
+# reader, so that a catch-up over millions of lines holds a few MB, not hundreds; the agent, told it is
+# behind, drains again as soon as a backlog's worth is read instead of at its next round.
 BACKLOG = 16
 
 
@@ -110,6 +110,8 @@ class JournalSource:
         self.place = place
         self._units: frozenset[str] = frozenset()
         self._out: queue.Queue[tuple[list[Observation | XidError], str | None]] = queue.Queue(BACKLOG)
+        self._cut = False  # the last batch was cut at its size: the child has more to send
+        self._worth_draining = threading.Event()  # the backlog is full, or the child caught up
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._supervise, name="journal", daemon=True)
         self.cursor: str | None = resume[0] if resume else None  # the last entry handed over live
@@ -137,11 +139,17 @@ class JournalSource:
 
     @property
     def behind(self) -> bool:
-        """More is read than the agent took: it should drain again at once."""
-        return self._out.full()
+        """The child is catching up (its last batch was cut at its size): drain after `settle`, not at
+        the next round, or a catch-up over millions of lines takes a backlog per round."""
+        return self._cut
+
+    def settle(self, timeout: float) -> None:
+        """Wait, at most `timeout`, until a drain is worth a round: the backlog full or the child caught up."""
+        self._worth_draining.wait(timeout)
 
     def drain(self) -> list[Observation | XidError]:
         """Everything read since the last call, in journal order; `drained_cursor` says how far."""
+        self._worth_draining.clear()
         out: list[Observation | XidError] = []
         while True:
             try:
@@ -215,6 +223,9 @@ class JournalSource:
                     break
                 except queue.Full:
                     continue
+            self._cut = len(batch) >= BATCH
+            if self._out.full() or not self._cut:
+                self._worth_draining.set()
             for obs in batch:
                 unit = getattr(obs, "unit", None)
                 if unit and unit not in self.seen_units:
