@@ -24,7 +24,9 @@ from exporter.core.model import (
     Verdict,
     XidError,
 )
+from exporter.core.report import status_line
 from exporter.shell.agent import DISCOVER_EVERY, Agent
+from exporter.shell.collector import SnapshotCollector
 from exporter.shell.history import History
 from exporter.shell.recorder import HistoryRecorder
 from exporter.sources.gpu import GpuReading
@@ -444,16 +446,31 @@ def test_only_cpu_moving_is_judged_by_the_stacks(config, stacks_move, readable, 
         assert Verdict.STALLED not in [v.verdict for v in views]
 
 
+def _stuck_frames(snapshot) -> list[tuple[str, str, str, float]]:
+    families = {f.name: f for f in SnapshotCollector(lambda: snapshot).collect()}
+    return [(s.labels["unit"], s.labels["function"], s.labels["file"], s.value)
+            for s in families["llmstartup_unit_stuck_frame_info"].samples]
+
+
 def test_silent_units_are_handed_to_the_stack_feed_and_located() -> None:
     a, views = _silent_spin(replace(CONFIG, stacks=True))
     assert a.stacks.targets == {U: frozenset({42})}
     stalled = views[-1]
     assert [(s.pids, s.frames[0].function) for s in stalled.stuck] == [((42,), "synchronize")]
     assert "stacks" in a.snapshot.sources
+    assert _stuck_frames(a.snapshot) == [(U, "synchronize", "vllm/worker.py", 1.0)]
+    assert "synchronize (vllm/worker.py:212)" in status_line(stalled, a.snapshot)
     # a line: the unit speaks again, so it is no longer looked at, nor shown as stuck
     a.journal.queued = [LogLine(a._clock(), U, "Graph capturing finished in 8 secs, took 0.52 GiB")]
     spoke = view(a.tick())
     assert (spoke.verdict, spoke.stuck, a.stacks.targets) == (Verdict.PROGRESSING, (), {})
+    assert _stuck_frames(a.snapshot) == []
+
+
+def test_a_silent_unit_that_is_not_stalled_has_no_stuck_frame_series() -> None:
+    a, views = _silent_spin(CONFIG, readable=False)  # stacks off: unknown, located by the kernel alone
+    assert views[-1].verdict is Verdict.UNKNOWN and views[-1].stuck
+    assert _stuck_frames(a.snapshot) == []
 
 
 def test_the_stacks_source_is_published_only_when_stacks_are_on() -> None:
