@@ -140,11 +140,14 @@ def stuck_document(group: Stuck) -> dict[str, Any]:
 
 def stuck_text(group: Stuck, frames: int = 1) -> str:
     """`synchronize (engine.py:212) in 8 processes`, or `D in folio_wait_bit_common (waiting for a page …)`."""
+    kernel = group.state + (f" in {group.wchan}" if group.wchan else "")
+    if meaning := waiting_for(group.wchan):
+        kernel += f" (waiting for {meaning})"
     where = " < ".join(f"{f.function} ({f.file}:{f.line})" for f in group.frames[:frames])
     if not where:
-        where = group.state + (f" in {group.wchan}" if group.wchan else "")
-        if meaning := waiting_for(group.wchan):
-            where += f" (waiting for {meaning})"
+        where = kernel
+    elif group.state == "D":  # a Python frame that waits for storage: the kernel says so
+        where += f", {kernel}"
     return where + (f" in {len(group.pids)} processes" if len(group.pids) > 1 else "")
 
 
