@@ -56,8 +56,7 @@ def spinner() -> Iterator[subprocess.Popen]:  # type: ignore[type-arg]
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen]:  # type: ignore[type-arg]
     """A native process: coreutils' sleep."""
-    for process in _started(["sleep", "3600"]):
-        yield process
+    yield from _started(["sleep", "3600"])
 
 
 def _look(source: StackSource, unit: str, pids: set[int]) -> StackSample:
@@ -116,7 +115,7 @@ def test_a_process_that_exits_mid_dump_is_nobodys_fault() -> None:
     for delay in (0.0, 0.005, 0.01, 0.02, 0.04):
         for target in _started([sys.executable, "-c", SPINNER]):
             assert target.stdout and target.stdout.readline() == "spinning\n"
-            looked = threading.Thread(target=lambda: _look(source, "u.service", {target.pid}))
+            looked = threading.Thread(target=_look, args=(source, "u.service", {target.pid}))
             looked.start()
             time.sleep(delay)
             target.kill()
@@ -205,7 +204,7 @@ def test_without_permission_the_source_is_down_with_its_reason_and_the_rest_work
     run = subprocess.run(
         ["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", sys.executable, "-c", NOBODY,
          str(spinner.pid), PY_SPY],
-        capture_output=True, text=True, cwd=here, env={**os.environ, "PYTHONPATH": here}, timeout=60,
+        capture_output=True, text=True, cwd=here, env={**os.environ, "PYTHONPATH": here}, timeout=60, check=False,
     )
     assert run.returncode == 0, run.stderr
     seen = json.loads(run.stdout)
