@@ -334,8 +334,7 @@ def _resumed(**changes):
     [
         pytest.param([*TO_COMPILE[1:5], _resumed(), *(procs(t, 10, cpu=30) for t in range(330, 341, 10))],
                      Verdict.STALLED, id="nothing moved across the gap: still stalled at once"),
-        pytest.param([*TO_COMPILE[1:5], _resumed(moved={Signal.MEMORY: 22.0}),
-                      *(procs(t, 10, cpu=30, rss=t * 4 * MiB) for t in range(330, 341, 10))],
+        pytest.param([*TO_COMPILE[1:5], _resumed(), *(procs(t, 10, cpu=30, rss=GiB) for t in range(330, 341, 10))],
                      Verdict.SILENT_PROGRESS, id="memory moved across the gap: silent progress"),
         pytest.param([*TO_COMPILE[1:5], _resumed(invocation="b"), *(procs(t, 10, cpu=30) for t in range(330, 341, 10))],
                      Verdict.UNKNOWN, id="saved for another start: ignored, not watched long enough"),

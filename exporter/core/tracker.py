@@ -401,7 +401,8 @@ def _resumed(state: UnitState, resumed: Resumed) -> UnitState:
     if not same:
         return state
     moved = {**resumed.moved, **{s: t for s, t in state.moved.items() if t > resumed.moved.get(s, -1.0)}}
-    return evolve(state, watched_since=resumed.watched_since, moved=frozen_map(moved), last_process=resumed.sample)
+    return evolve(state, watched_since=resumed.watched_since, moved=frozen_map(moved), last_process=resumed.sample,
+                  rss_at_last_move=resumed.sample.rss_bytes)
 
 
 def judge(state: UnitState, now: float, limits: Limits, ceiling: float | None = None) -> Verdict:
