@@ -90,7 +90,8 @@ class Config:
 
     @property
     def stack_every(self) -> float:
-        """How often a silent unit's processes are looked at: four times between silence and stall, so
-        that unchanged stacks are seen several times before a stall is called; not more often than they
-        are sampled, nor less than once a minute (a py-spy dump costs about 12 ms of CPU)."""
+        """Seconds between two looks at a silent unit's processes: a quarter of the time between silence
+        and stall, so that unchanged stacks are seen several times before a stall is called; never more
+        often than the processes are sampled, and at least once a minute, so that where a unit is stuck
+        stays fresh (a py-spy dump costs about 10 ms of CPU, the reason not to look more often)."""
         return min(60.0, max(self.interval, (self.stall - self.silence) / 4))
