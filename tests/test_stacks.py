@@ -92,6 +92,29 @@ def test_a_native_process_is_not_dumped_and_the_kernel_says_where_it_waits(sleep
     assert source.status.health.up
 
 
+def test_a_process_that_has_not_run_since_its_last_dump_is_not_dumped_again(tmp_path) -> None:
+    """No thread on a CPU since the last look (schedstat's count): no code ran, the stacks are the same."""
+    counted = tmp_path / "py-spy"
+    calls = tmp_path / "calls"
+    counted.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexec {PY_SPY} \"$@\"\n")
+    counted.chmod(0o755)
+    idle_code = "import time; print('ready', flush=True); time.sleep(3600)"
+    waking_code = "import time; print('ready', flush=True)\nwhile True: time.sleep(0.01)"
+    for idle in _started([sys.executable, "-c", idle_code]):
+        for waking in _started([sys.executable, "-c", waking_code]):
+            for process in (idle, waking):
+                assert process.stdout and process.stdout.readline() == "ready\n"
+            source = StackSource(interval=1.0, every=0.0, python=True, py_spy=str(counted))
+            looks = []
+            for _ in range(3):
+                time.sleep(0.3)  # the idle one is asleep for good, the other has woken a few times
+                looks.append(_look(source, "u.service", {idle.pid, waking.pid}))
+            dumped = [line.split()[-1] for line in calls.read_text().splitlines()]
+            assert dumped.count(str(idle.pid)) == 1 and dumped.count(str(waking.pid)) == 3, dumped
+            idle_stacks = [p.threads for look in looks for p in look.processes if p.pid == idle.pid]
+            assert idle_stacks[0] and idle_stacks.count(idle_stacks[0]) == 3  # the same stacks, each look
+
+
 def test_without_stacks_only_the_kernel_is_asked(spinner) -> None:
     source = StackSource(interval=1.0, every=0.0, python=False)
     [process] = _look(source, "u.service", {spinner.pid}).processes

@@ -120,6 +120,7 @@ class KernelView:
     wchan: str  # where that thread waits in the kernel
     cpu_seconds: float
     threads: Mapping[int, float]  # CPU seconds of each thread by its id
+    ran: Mapping[int, int] | None  # how many times each thread has been on a CPU (schedstat); None: unknown
 
 
 def kernel_view(pid: int) -> KernelView | None:
@@ -132,6 +133,7 @@ def kernel_view(pid: int) -> KernelView | None:
     except OSError:
         tids = []
     threads: dict[int, float] = {}
+    ran: dict[int, int] | None = {}
     telling = pid
     for tid in tids:
         task = _stat(f"/proc/{pid}/task/{tid}/stat")
@@ -140,9 +142,21 @@ def kernel_view(pid: int) -> KernelView | None:
         threads[tid] = (int(task[11]) + int(task[12])) / CLOCK_TICKS
         if task[0] == "D" and telling == pid and stat[0] != "D":
             telling = tid
+        if ran is not None:
+            ran = _timeslices(f"/proc/{pid}/task/{tid}/schedstat", ran, tid)
     state = "D" if telling != pid else stat[0]
     cpu = (int(stat[11]) + int(stat[12])) / CLOCK_TICKS
-    return KernelView(int(stat[19]), state, _wchan(f"/proc/{pid}/task/{telling}/wchan"), cpu, threads)
+    return KernelView(int(stat[19]), state, _wchan(f"/proc/{pid}/task/{telling}/wchan"), cpu, threads, ran)
+
+
+def _timeslices(path: str, ran: dict[int, int], tid: int) -> dict[int, int] | None:
+    """`ran` with the thread's count of times on a CPU (the third field of schedstat); None when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            ran[tid] = int(f.read().split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+    return ran
 
 
 def is_python(pid: int) -> bool:
@@ -158,6 +172,12 @@ class _Seen:
     started: int
     python: bool | None  # None until asked (only when stacks are on)
     kernel: KernelView
+    dumped: tuple[ThreadStack, ...] | None = None  # its last dump
+
+
+def _still(before: KernelView, now: KernelView) -> bool:
+    """No thread of the process has been on a CPU since `before`: no code ran, so its stacks are the same."""
+    return before.ran is not None and before.ran == now.ran
 
 
 class StackSource:
@@ -254,7 +274,7 @@ class StackSource:
             return None, ""
         seen = self._seen.get(pid)
         if seen is None or seen.started != kernel.started:
-            seen = _Seen(kernel.started, None, KernelView(kernel.started, "", "", 0.0, {}))
+            seen = _Seen(kernel.started, None, KernelView(kernel.started, "", "", 0.0, {}, None))
         before, seen.kernel = seen.kernel, kernel
         self._seen[pid] = seen
         threads, failure = None, ""
@@ -262,12 +282,15 @@ class StackSource:
             try:
                 if seen.python is None:
                     seen.python = is_python(pid)
-                if seen.python:
+                if seen.python and seen.dumped is not None and _still(before, kernel):
+                    threads = seen.dumped  # the dump a process that has not run since would give again
+                elif seen.python:
                     threads = dump(self.py_spy, pid, self.timeout)
             except PermissionError:
                 failure = f"cannot read /proc/{pid}/exe: permission denied (needs root or CAP_SYS_PTRACE)"
             except DumpFailed as error:
                 failure = "" if error.gone else str(error)
+            seen.dumped = threads
         if threads is not None:
             busy = {tid: cpu - before.threads.get(tid, 0.0) for tid, cpu in kernel.threads.items()}
             # the busiest thread first; between equals, the main thread
