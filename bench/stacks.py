@@ -7,7 +7,9 @@ one with `--collector.stacks`. Once every unit is silent and has been looked at,
 over the same window (default 150 s): CPU = growth of utime+stime of each agent's process tree, plus
 the CPU of the children it reaped meanwhile (cutime+cstime: the py-spy dumps, which live 50 ms each),
 ÷ wall time, in % of one core. The reference is the agent without stacks; the figure's goal is under
-1% of a core. Also printed: the CPU of one look at a unit (its two dumps), from the difference.
+1% of a core. Also printed: the CPU of one look at a unit, from the difference. A process that has not
+run since its last dump is not dumped again, so of each unit's two processes only the EngineCore child
+(it wakes twice a second) is dumped at every look, as a busy rank would be; the API server, asleep, once.
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ def run(window: float = 150.0) -> list[Row]:
         say(f"{'':40s}{'CPU % of a core':>16s}")
         say(f"{'llmstartup serve --collector.stacks':40s}{cpu['stacks']:16.2f}")
         say(f"{'llmstartup serve (reference)':40s}{cpu['plain']:16.2f}")
-        say(f"about {looks:.0f} looks at a unit in the window: {per_look:.1f} ms of CPU each (2 py-spy dumps)")
+        say(f"about {looks:.0f} looks at a unit in the window: {per_look:.1f} ms of CPU each (py-spy dumps the "
+            "EngineCore, which wakes twice a second; the API server, asleep since, keeps its first dump)")
         say(f"ratio {ratio:.2f}x (goal: under 1% of a core)")
         say()
         return [Row(f"steady CPU with --collector.stacks, % of one core ({UNITS} silent units, 2 s)",
