@@ -16,7 +16,7 @@ import traceback
 
 from bench.common import Row, load_average, machine, say
 
-BENCHMARKS = ("ingest", "steady", "stall", "web", "lines", "restart")  # steady is items 2 and 3: they share one rig
+BENCHMARKS = ("ingest", "steady", "stall", "web", "lines", "restart", "stacks")  # steady is items 2 and 3: they share one rig
 QUIET = 0.5
 
 
@@ -55,19 +55,20 @@ def main(argv: list[str] | None = None) -> int:
     if load > QUIET:
         say(f"WARNING: the load average is above {QUIET}: other work on this machine inflates the steady-state "
             "CPU figures (item 2) and the latencies; run again when the machine is quiet")
-    if os.geteuid() != 0 and ({"steady", "stall", "restart"} & set(chosen)):
-        say("items 2-4 run units in a private journald namespace and need root; run as root")
+    if os.geteuid() != 0 and ({"steady", "stall", "restart", "stacks"} & set(chosen)):
+        say("items 2-4, 7 and 8 run units in a private journald namespace and need root; run as root")
         return 1
     say()
 
-    from bench import ingest, lines, restart, stall, steady, web
+    from bench import ingest, lines, restart, stacks, stall, steady, web
 
     runs = {"ingest": lambda: ingest.run(args.entries),
             "steady": lambda: steady.run(args.window, args.scrapes),
             "stall": stall.run,
             "web": web.run,
             "lines": lines.run,
-            "restart": lambda: restart.run(args.restart_lines)}
+            "restart": lambda: restart.run(args.restart_lines),
+            "stacks": stacks.run}
     rows: list[Row] = []
     failed = []
     started = time.monotonic()

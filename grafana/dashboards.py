@@ -597,8 +597,9 @@ def fleet_timelines(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
         state_timeline(
             ids,
             "Verdict of every unit",
-            "The agent's verdict over time: progressing (writing logs), silent_progress (quiet but CPU, I/O, GPU memory or "
-            "processes move), stalled (nothing moves), unknown (stale evidence), ready, failed, inactive.",
+            "The agent's verdict over time: progressing (writing logs), silent_progress (quiet but I/O, GPU memory, "
+            "processes, resident memory or Python stacks move), stalled (nothing moves, or only CPU with unchanged "
+            "stacks), unknown (stale evidence, or only CPU moves without stacks), ready, failed, inactive.",
             coded("llmstartup_unit_verdict", "verdict", VERDICTS, SEL),
             "{{instance}} {{unit}}",
             VERDICT_MAPPINGS,
@@ -732,8 +733,10 @@ def unit_now(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
         now_stat(
             ids,
             "Verdict",
-            "progressing: it wrote a log line lately. silent_progress: no line for the silence threshold, but CPU, I/O, GPU "
-            "memory or its processes moved. stalled: nothing moved for the stall threshold. unknown: the evidence is stale.",
+            "progressing: it wrote a log line lately. silent_progress: no line for the silence threshold, but I/O, GPU "
+            "memory, its processes, its resident memory or its Python stacks moved. stalled: nothing but CPU moved for "
+            "the stall threshold (and its stacks did not). unknown: the evidence is stale, or only CPU moves and no "
+            "stacks were read.",
             coded("llmstartup_unit_verdict", "verdict", VERDICTS, SEL),
             mappings=VERDICT_MAPPINGS,
         )
@@ -884,9 +887,9 @@ def unit_progress_evidence(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashbo
         .title("Silence and liveness signals")
         .description(
             "How long ago each piece of evidence last moved: the last log line, and each liveness signal (log, cpu, "
-            "io, gpu_memory, processes; a signal moves when it changes by more than its floor). A line that keeps "
-            "climbing is a signal that stopped. The dashed lines are the default silence (60s) and stall (5m) "
-            "thresholds: stalled means every signal is above the second."
+            "io, gpu_memory, processes, memory, stack; a signal moves when it changes by more than its floor). A line "
+            "that keeps climbing is a signal that stopped. The dashed lines are the default silence (60s) and stall "
+            "(5m) thresholds: stalled means every signal but cpu is above the second."
         )
         .datasource(DATASOURCE)
         .targets(

@@ -5,13 +5,28 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 
 import pytest
 
 from exporter.core.config import Config
 from exporter.core.containers import Container
-from exporter.core.model import Gpu, LogLine, Phase, ProcessSample, Reason, Verdict, XidError
+from exporter.core.model import (
+    Frame,
+    Gpu,
+    LogLine,
+    Phase,
+    ProcessSample,
+    ProcessStack,
+    Reason,
+    StackSample,
+    ThreadStack,
+    Verdict,
+    XidError,
+)
+from exporter.core.report import status_line
 from exporter.shell.agent import DISCOVER_EVERY, Agent
+from exporter.shell.collector import SnapshotCollector
 from exporter.shell.history import History
 from exporter.shell.recorder import HistoryRecorder
 from exporter.sources.gpu import GpuReading
@@ -62,17 +77,42 @@ class FakeProcesses:
         self.cmdline = cmdline
         self.pids: frozenset[tuple[int, float]] = frozenset({(42, 999.0)})
         self.cpu = 0.0
+        self.rss = 0
         self.sampled: list[float] = []
 
     def sample(self, units: Iterable[str], t: float) -> dict[str, ProcessSample]:
         self.sampled.append(t)
-        return {u: ProcessSample(t, u, self.pids, self.cpu, 0, 0, 0, started_at=999.0) for u in units}
+        return {u: ProcessSample(t, u, self.pids, self.cpu, 0, 0, self.rss, started_at=999.0) for u in units}
 
     def list_units(self) -> dict[str, tuple[str, ...]]:
         return {U: (self.cmdline,), "sshd.service": ("/usr/sbin/sshd -D",)} if self.pids else {}
 
     def cmdlines(self, unit: str) -> tuple[str, ...]:
         return (self.cmdline,) if unit == U and self.pids else ()
+
+
+class FakeStacks:
+    """Looks at what the agent says is silent, when the test says so: each look is the frames the test set."""
+
+    def __init__(self) -> None:
+        self.status = SourceStatus("stacks", LOG, lambda: 0.0)
+        self.status.ok()
+        self.targets: dict[str, frozenset[int]] = {}
+        self.frames: tuple[Frame, ...] | None = (Frame("synchronize", "vllm/worker.py", 212),)
+        self.cpu = 0.0
+        self.looks: list[StackSample] = []
+
+    def watch(self, targets) -> None:
+        self.targets = dict(targets)
+
+    def look(self, t: float) -> None:
+        threads = None if self.frames is None else (ThreadStack(42, self.frames),)
+        self.looks += [StackSample(t, u, (ProcessStack(pid, "R", "", self.cpu, threads),))
+                       for u, pids in self.targets.items() for pid in sorted(pids)]
+
+    def drain(self) -> list[StackSample]:
+        out, self.looks = self.looks, []
+        return out
 
 
 class FakeGpu:
@@ -85,7 +125,8 @@ class FakeGpu:
 def agent(config: Config = CONFIG, processes: FakeProcesses | None = None, recorder=None):
     clock = Clock()
     journal, procs, gpu = FakeJournal(), processes or FakeProcesses(), FakeGpu()
-    return Agent(config, journal, procs, gpu, recorder, clock=clock, wall=lambda: clock.t + 1.7e9), clock
+    return Agent(config, journal, procs, gpu, recorder, clock=clock, wall=lambda: clock.t + 1.7e9,
+                 stacks=FakeStacks()), clock
 
 
 def view(snapshot, unit: str = U):
@@ -98,9 +139,9 @@ def test_a_unit_is_followed_from_its_lines_to_silence_to_a_stall() -> None:
     a.journal.queued = [LogLine(clock.t, U, "INFO 10-21 09:12:04 [api_server.py:1839] vLLM API server version 0.11.0")]
     assert (view(a.tick()).state.phase, view(a.snapshot).verdict) == (Phase.LAUNCHING, Verdict.PROGRESSING)
     verdicts = []
-    for _ in range(20):  # silent, but the CPU turns: silent work
+    for _ in range(20):  # silent, but its memory grows: silent work (weights paged in, a graph traced)
         clock.t += 2
-        a.processes.cpu += 1.0
+        a.processes.rss += 40 * 2**20
         verdicts.append(view(a.tick()).verdict)
     assert verdicts[-1] is Verdict.SILENT_PROGRESS
     for _ in range(20):  # nothing moves for longer than the stall threshold
@@ -356,3 +397,82 @@ def test_a_removed_container_is_forgotten_once_its_start_is_over() -> None:
     assert view(a.tick(), POD).state.attempt.ended is not None
     clock.t += DISCOVER_EVERY
     assert a.tick().units == ()
+
+
+
+
+MiB = 2**20
+
+
+def _silent_spin(config: Config, stacks_move: bool = False, readable: bool = True, rounds: int = 30):
+    """A unit that prints one line, then only burns a core; the stack feed looks at it every round."""
+    a, clock = agent(config)
+    if not readable:
+        a.stacks.frames = None
+    a.journal.ready_units = frozenset({U})
+    a.journal.queued = [LogLine(clock.t, U, "INFO 10-21 09:12:04 [api_server.py:1839] vLLM API server version 0.11.0")]
+    a.tick()
+    views = []
+    for n in range(rounds):
+        clock.t += 2
+        a.processes.cpu += 2.0
+        a.stacks.cpu += 2.0
+        if stacks_move:
+            a.stacks.frames = (Frame("step", "torch/_dynamo/symbolic_convert.py", 100 + n),)
+        a.stacks.look(clock.t - 0.5)
+        views.append(view(a.tick()))
+    return a, views
+
+
+STACKS_ON = replace(CONFIG, stacks=True)
+
+
+@pytest.mark.parametrize(
+    ("config", "stacks_move", "readable", "verdict", "why"),
+    [
+        pytest.param(STACKS_ON, False, True, Verdict.STALLED, "the Python stacks stay the same",
+                     id="spinning, stacks unchanged: stalled"),
+        pytest.param(STACKS_ON, True, True, Verdict.SILENT_PROGRESS, "", id="busy, stacks moving: silent work"),
+        pytest.param(STACKS_ON, False, False, Verdict.UNKNOWN, "cannot be read",
+                     id="spinning, stacks unreadable: unknown"),
+        pytest.param(CONFIG, False, True, Verdict.UNKNOWN, "--collector.stacks",
+                     id="spinning, stacks off: unknown, with the hint"),
+    ],
+)
+def test_only_cpu_moving_is_judged_by_the_stacks(config, stacks_move, readable, verdict, why) -> None:
+    _, views = _silent_spin(config, stacks_move, readable)
+    assert (views[-1].verdict, why in views[-1].why) == (verdict, True), views[-1].why
+    if verdict is not Verdict.STALLED:
+        assert Verdict.STALLED not in [v.verdict for v in views]
+
+
+def _stuck_frames(snapshot) -> list[tuple[str, str, str, float]]:
+    families = {f.name: f for f in SnapshotCollector(lambda: snapshot).collect()}
+    return [(s.labels["unit"], s.labels["function"], s.labels["file"], s.value)
+            for s in families["llmstartup_unit_stuck_frame_info"].samples]
+
+
+def test_silent_units_are_handed_to_the_stack_feed_and_located() -> None:
+    a, views = _silent_spin(replace(CONFIG, stacks=True))
+    assert a.stacks.targets == {U: frozenset({42})}
+    stalled = views[-1]
+    assert [(s.pids, s.frames[0].function) for s in stalled.stuck] == [((42,), "synchronize")]
+    assert "stacks" in a.snapshot.sources
+    assert _stuck_frames(a.snapshot) == [(U, "synchronize", "vllm/worker.py", 1.0)]
+    assert "synchronize (vllm/worker.py:212)" in status_line(stalled, a.snapshot)
+    # a line: the unit speaks again, so it is no longer looked at, nor shown as stuck
+    a.journal.queued = [LogLine(a._clock(), U, "Graph capturing finished in 8 secs, took 0.52 GiB")]
+    spoke = view(a.tick())
+    assert (spoke.verdict, spoke.stuck, a.stacks.targets) == (Verdict.PROGRESSING, (), {})
+    assert _stuck_frames(a.snapshot) == []
+
+
+def test_a_silent_unit_that_is_not_stalled_has_no_stuck_frame_series() -> None:
+    a, views = _silent_spin(CONFIG, readable=False)  # stacks off: unknown, located by the kernel alone
+    assert views[-1].verdict is Verdict.UNKNOWN and views[-1].stuck
+    assert _stuck_frames(a.snapshot) == []
+
+
+def test_the_stacks_source_is_published_only_when_stacks_are_on() -> None:
+    a, _ = agent(CONFIG)
+    assert "stacks" not in a.tick().sources

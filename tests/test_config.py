@@ -75,3 +75,21 @@ def test_bad_command_lines_exit_2_with_the_reason(argv, says, capsys):
         cli.main(argv)
     assert exit.value.code == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "stacks", "every"),
+    [
+        pytest.param([], False, 60, id="defaults: off; a silent unit looked at once a minute"),
+        pytest.param(["--collector.stacks"], True, 60, id="on"),
+        pytest.param(["--collector.stacks", "--silence.threshold", "4s", "--stall.threshold", "8s",
+                      "--sample.interval", "1s"], True, 1, id="short thresholds: four looks between silence and stall"),
+        pytest.param(["--silence.threshold", "10m", "--stall.threshold", "5m"], False, 2,
+                     id="a stall threshold below the silence: every sample"),
+    ],
+)
+def test_the_stacks_flag_and_how_often_a_silent_unit_is_looked_at(argv, stacks, every):
+    from exporter.shell.cli import build_parser, config_from
+
+    config = config_from(build_parser().parse_args(["serve", *argv]))
+    assert (config.stacks, config.limits.stacks, config.limits.stack_every) == (stacks, stacks, every)

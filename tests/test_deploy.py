@@ -117,3 +117,18 @@ def test_the_unit_says_what_the_issue_asks() -> None:
     assert s["ProtectControlGroups"] == ["yes"], "the cgroup tree, read-only"
     assert s.get("ProtectProc", ["default"]) == ["default"], "other users' /proc/<pid> must stay visible"
     assert s.get("ProcSubset", ["all"]) == ["all"], "/proc/stat and /proc/driver/nvidia are needed"
+
+
+def test_the_stacks_drop_in_grants_ptrace_alone_and_keeps_the_sandbox(runnable_unit: Path) -> None:
+    """deploy/llmstartup-stacks.conf, the opt-in for --collector.stacks: it verifies beside the unit, adds
+    CAP_SYS_PTRACE and nothing else, and the exposure stays under the bar."""
+    drop_in = ROOT / "deploy" / "llmstartup-stacks.conf"
+    lines = [line for line in drop_in.read_text().splitlines() if line and not line.startswith("#")]
+    assert lines == ["[Service]", "CapabilityBoundingSet=CAP_SYS_PTRACE", "AmbientCapabilities=CAP_SYS_PTRACE"]
+    (runnable_unit.parent / f"{UNIT.name}.d").mkdir()
+    (runnable_unit.parent / f"{UNIT.name}.d" / "stacks.conf").write_text(drop_in.read_text())
+    result = _analyze("verify", "--man=no", str(runnable_unit))
+    assert result.returncode == 0 and result.stderr.strip() == "", result.stdout + result.stderr
+    report = _analyze("security", "--offline=yes", str(runnable_unit)).stdout
+    assert "✗ CapabilityBoundingSet=~CAP_SYS_PTRACE" in report  # the drop-in is read, and is all that changes
+    assert exposure(runnable_unit) <= MAX_EXPOSURE

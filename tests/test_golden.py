@@ -6,9 +6,9 @@ again and commit them with it:
     LLMSTARTUP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py
 
 The snapshot is built by hand, not folded from observations, so that only the renderers are under
-test: five units (silent in a compile with a failed start before it, loading shards with its progress,
-failed, ready, never started), two GPUs, an Xid, a source down and a restarted journal reader; every
-metric family has a series.
+test: six units (silent in a compile with a failed start before it, loading shards with its progress,
+failed, ready, never started, and a rank spinning in a hung collective, stalled and located by its
+stacks), two GPUs, an Xid, a source down and a restarted journal reader; every metric family has a series.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from exporter.core import landing
 from exporter.core.model import (
     Attempt,
     Expectation,
+    Frame,
     Gpu,
     GpuSample,
     Histogram,
@@ -41,6 +42,7 @@ from exporter.core.model import (
     Snapshot,
     SourceHealth,
     Span,
+    Stuck,
     UnitState,
     UnitView,
     Verdict,
@@ -162,12 +164,31 @@ def _loading() -> UnitView:
     return UnitView(state, Verdict.PROGRESSING, expected)
 
 
+def _spinning() -> UnitView:
+    """Eight ranks spinning in synchronize() since 700, the last line: stalled, located by their stacks."""
+    unit = "vllm-kimi.service"
+    attempt = Attempt(started=500.0, phase=Phase.CAPTURING_GRAPHS, phase_since=700.0,
+                      spans=((Phase.LAUNCHING, 500.0), (Phase.CAPTURING_GRAPHS, 700.0)))
+    ranks = frozenset((7000 + n, 500.0) for n in range(9))
+    state = UnitState(
+        unit, "vllm", frozen_map({"engine_version": "0.11.0", "model": "moonshotai/Kimi-K2-Instruct"}),
+        attempt=attempt, last_log=700.0, moved=frozen_map({Signal.LOG: 700.0, Signal.CPU: 998.0}), watched_since=500.0,
+        last_process=ProcessSample(998.0, unit, ranks, 4200.0, GiB, 0, 96 * GiB,
+                                   frozen_map({ProcessState.RUNNING: 8, ProcessState.SLEEPING: 1}), 500.0),
+        cpu_total=4200.0, read_total=GiB, cpu_rate=8.0,
+    )
+    spin = (Frame("synchronize", "torch/cuda/__init__.py", 1040), Frame("capture", "vllm/v1/worker/gpu_model_runner.py", 3480))
+    stuck = (Stuck(tuple(range(7001, 7009)), spin, "R", ""), Stuck((7000,), (), "S", "futex_wait_queue"))
+    return UnitView(state, Verdict.STALLED, why="only CPU moves, and the Python stacks stay the same", stuck=stuck)
+
+
 SNAPSHOT = Snapshot(
     t=NOW,
     wall_offset=WALL,
-    units=(_compiling(), _loading(), _failed(), _ready(), UnitView(UnitState("ollama.service", "ollama"), Verdict.INACTIVE)),
+    units=(_compiling(), _loading(), _failed(), _ready(), UnitView(UnitState("ollama.service", "ollama"), Verdict.INACTIVE),
+           _spinning()),
     sources=frozen_map({"journal": SourceHealth(True, WALL + 999.5), "processes": SourceHealth(True, WALL + 998.0),
-                        "gpu": SourceHealth(False, WALL + 980.0)}),
+                        "gpu": SourceHealth(False, WALL + 980.0), "stacks": SourceHealth(True, WALL + 999.0)}),
     gpus=(Gpu("0", "GPU-0f3c9a64-1b2e-4d1a-9c55-6b0e7d4a2f10", "NVIDIA H200", "00000000:3B:00.0", 0.97),
           Gpu("1", "GPU-7e21b3d8-55c0-4e8f-a0d2-19f4c3b6e8a7", "NVIDIA H200", "00000000:5D:00.0", None)),
     xid_errors=frozen_map({("1", 79): 2}),

@@ -219,11 +219,11 @@ def test_expectations_are_learned_from_the_last_10_ready_starts():
 
 def test_a_phase_well_past_its_history_with_only_the_cpu_turning_is_stalled(agent, units, tmp_path):
     """Its compiles took 1 s; this one has compiled for more than twice that with nothing but its CPU
-    moving (an NCCL collective spinning): stalled once the stall threshold passes, though the CPU turns.
-    Without the history the same silence is silent progress (test_serve's silent compile)."""
+    moving (an NCCL collective spinning): stalled once the stall threshold passes, though the CPU turns,
+    and whatever the stacks say. Without the history and the stacks the same silence is unknown."""
     from tests.test_serve import LOAD
 
-    unit = units("spin", [*LOAD, {"burn": 120, "workers": 1}])
+    unit = units("spin", [*LOAD, {"burn": 120, "workers": 1, "cache": False}])
     History(tmp_path / "state.db").record(record(unit=unit.name, started=1.7e9, compiling=1.0, loading_weights=2.0))
     port = agent(unit.name)
     s = wait_for(lambda: (s := Scrape(fetch(port))).one_of("unit_verdict", unit.name, "verdict") == "stalled" and s,

@@ -43,8 +43,9 @@ def test_api_units(two_units):
     assert docs[ready.name]["timeline"][-1]["phase"] == "ready"
 
 
-# What changes between two looks a second apart at a running unit: left out of the comparison.
-MOVING = {"phase_seconds", "startup_seconds", "last_log_age_seconds", "signals", "expected_remaining_seconds"}
+# What changes between two looks a second apart at a running unit: left out of the comparison (`stuck`:
+# where the processes are at the instant of a look).
+MOVING = {"phase_seconds", "startup_seconds", "last_log_age_seconds", "signals", "expected_remaining_seconds", "stuck"}
 
 
 def test_the_api_is_status_json(two_units, journald):
@@ -70,7 +71,7 @@ def test_signals_and_the_previous_start_in_the_api(two_units, units):
     doc = {d["unit"]: d for d in json.loads(fetch(port, "/api/v1/units"))}
     signals = doc[hang.name]["signals"]
     assert signals.keys() == {"cpu_cores", "io_bytes_per_second", "gpu_memory_bytes",
-                              "gpu_memory_change_since_last_log_bytes", "processes"}
+                              "gpu_memory_change_since_last_log_bytes", "processes", "resident_memory_bytes"}
     assert signals["processes"] >= 1 and signals["cpu_cores"] >= 0 and signals["gpu_memory_bytes"] is None  # no GPU
     assert doc[hang.name]["previous_timeline"] == []
     before = doc[ready.name]["timeline"]

@@ -29,16 +29,16 @@ from exporter.core.tracker import advance, judge
 VLLM = grammar.load("vllm")
 LIMITS = Limits(silence=60, stall=300, stale=6, gpu=True)
 U = "vllm.service"
-GiB = 2**30
+GiB, MiB = 2**30, 2**20
 
 
 def line(t, text, inv="a"):
     return LogLine(t, U, text, inv)
 
 
-def procs(t, *pids, cpu=0.0, io=0, started=0.0):
+def procs(t, *pids, cpu=0.0, io=0, started=0.0, rss=0):
     return ProcessSample(
-        t, U, frozenset((p, started) for p in pids), cpu, io, 0, 0, started_at=started if pids else None
+        t, U, frozenset((p, started) for p in pids), cpu, io, 0, rss, started_at=started if pids else None
     )
 
 
@@ -299,8 +299,8 @@ BUSY = [*TO_COMPILE, *(procs(t, 10, cpu=30 + t) for t in range(30, 1001, 10))]  
 @pytest.mark.parametrize(
     ("observations", "ceiling", "want"),
     [
-        pytest.param(BUSY, None, Verdict.SILENT_PROGRESS, id="busy without history: silent progress"),
-        pytest.param(BUSY, 2000, Verdict.SILENT_PROGRESS, id="busy, within what this phase has taken before"),
+        pytest.param(BUSY, None, Verdict.UNKNOWN, id="busy without history or stacks: only CPU moves, unknown"),
+        pytest.param(BUSY, 2000, Verdict.UNKNOWN, id="busy, within what this phase has taken before: unknown"),
         pytest.param(BUSY, 600, Verdict.STALLED, id="busy only, well past anything seen before: a spinning hang"),
         pytest.param([*BUSY[:-1], procs(1000, 10, cpu=2000, io=10**9)], 600, Verdict.SILENT_PROGRESS,
                      id="past the ceiling but reading a disk: still work"),
@@ -334,8 +334,8 @@ def _resumed(**changes):
     [
         pytest.param([*TO_COMPILE[1:5], _resumed(), *(procs(t, 10, cpu=30) for t in range(330, 341, 10))],
                      Verdict.STALLED, id="nothing moved across the gap: still stalled at once"),
-        pytest.param([*TO_COMPILE[1:5], _resumed(), *(procs(t, 10, cpu=30 + t) for t in range(330, 341, 10))],
-                     Verdict.SILENT_PROGRESS, id="CPU moved across the gap: silent progress"),
+        pytest.param([*TO_COMPILE[1:5], _resumed(), *(procs(t, 10, cpu=30, rss=GiB) for t in range(330, 341, 10))],
+                     Verdict.SILENT_PROGRESS, id="memory moved across the gap: silent progress"),
         pytest.param([*TO_COMPILE[1:5], _resumed(invocation="b"), *(procs(t, 10, cpu=30) for t in range(330, 341, 10))],
                      Verdict.UNKNOWN, id="saved for another start: ignored, not watched long enough"),
     ],
@@ -384,15 +384,16 @@ def test_a_failure_that_says_where_it_happened_moves_the_start_there_first():
 def test_an_unknown_observation_is_refused_not_taken_for_a_gpu_sample():
     with pytest.raises(TypeError, match="XidError is no observation"):
         advance(UnitState(U), XidError(1.0, "0", 79, "kernel"), VLLM, LIMITS)
+
+
 # Each liveness floor at its edge: the unit is silent and still from t=21 (TO_COMPILE's last line) on;
 # at 400 and 402 one signal changes by a hair less, or a hair more, than its floor (Limits' defaults:
-# 5% of a core, 64 KiB read or written, 64 MiB of GPU memory). Only the change at the floor is movement.
-MiB = 2**20
+# 5% of a core, 64 KiB read or written, 64 MiB of GPU memory, 32 MiB of resident memory). Only the change
+# at the floor is movement; CPU's alone proves nothing (unknown, without stacks), but it is movement.
 
-
-def _still_then(cpu: float = 30.0, io: int = 0, gpu_bytes: int = 10 * GiB) -> list:
-    sampled = [x for t in (*range(30, 391, 10), 400) for x in (procs(t, 10, cpu=30), _gpu_bytes(t, 10 * GiB))]
-    return [*TO_COMPILE, *sampled, procs(402, 10, cpu=cpu, io=io), _gpu_bytes(402, gpu_bytes)]
+def _still_then(cpu: float = 30.0, io: int = 0, gpu_bytes: int = 10 * GiB, rss: int = GiB) -> list:
+    sampled = [x for t in (*range(30, 391, 10), 400) for x in (procs(t, 10, cpu=30, rss=GiB), _gpu_bytes(t, 10 * GiB))]
+    return [*TO_COMPILE, *sampled, procs(402, 10, cpu=cpu, io=io, rss=rss), _gpu_bytes(402, gpu_bytes)]
 
 
 def _gpu_bytes(t, used):
@@ -403,11 +404,13 @@ def _gpu_bytes(t, used):
     ("observations", "want"),
     [
         pytest.param(_still_then(cpu=30 + 0.098), Verdict.STALLED, id="CPU 4.9% of a core: not work"),
-        pytest.param(_still_then(cpu=30 + 0.102), Verdict.SILENT_PROGRESS, id="CPU 5.1% of a core: work"),
+        pytest.param(_still_then(cpu=30 + 0.102), Verdict.UNKNOWN, id="CPU 5.1% of a core: it moves, and alone proves nothing"),
         pytest.param(_still_then(io=64 * 1024 - 1), Verdict.STALLED, id="I/O a byte under 64 KiB: not work"),
         pytest.param(_still_then(io=64 * 1024), Verdict.SILENT_PROGRESS, id="I/O of 64 KiB: work"),
         pytest.param(_still_then(gpu_bytes=10 * GiB + 64 * MiB - 1), Verdict.STALLED, id="GPU memory +64 MiB - 1 B: no movement"),
         pytest.param(_still_then(gpu_bytes=10 * GiB - 64 * MiB), Verdict.SILENT_PROGRESS, id="GPU memory -64 MiB: movement"),
+        pytest.param(_still_then(rss=GiB + 32 * MiB - 1), Verdict.STALLED, id="resident memory +32 MiB - 1 B: no movement"),
+        pytest.param(_still_then(rss=GiB - 32 * MiB), Verdict.SILENT_PROGRESS, id="resident memory -32 MiB: movement"),
     ],
 )
 def test_each_liveness_floor_at_its_edge(observations, want):
@@ -421,3 +424,93 @@ def test_lines_journald_suppressed_are_log_movement():
     state = fold([*quiet[:-3], Suppressed(305, U, 1200), *quiet[-3:]])
     assert judge(state, 330, LIMITS) is Verdict.PROGRESSING
     assert (state.suppressed_total, state.last_log, state.moved[Signal.LOG]) == (1200, 305, 305)
+
+
+
+
+def look(t, *processes):
+    """A look at the unit's processes: (pid, cpu seconds, frames or None when its stacks were not read)."""
+    from exporter.core.model import Frame, ProcessStack, StackSample, ThreadStack
+
+    return StackSample(t, U, tuple(
+        ProcessStack(pid, "R", "", cpu, None if frames is None else (ThreadStack(pid, tuple(Frame(*f) for f in frames)),))
+        for pid, cpu, frames in processes
+    ))
+
+
+SPIN = ("synchronize", "vllm/v1/worker/gpu_model_runner.py", 3480)
+STACKS = Limits(silence=60, stall=300, stale=6, gpu=False, stacks=True, stack_every=60)
+# A rank that spins on one core from t=21 on: nothing but CPU moves.
+SPINNING = [*TO_COMPILE, *(procs(t, 10, cpu=30 + t) for t in range(30, 401, 10))]
+
+
+def spinning_looks(frames_at=lambda t: [SPIN], cpu_of=lambda t: 30 + t, every=60):
+    return [look(t, (10, cpu_of(t), frames_at(t))) for t in range(85, 401, every)]
+
+
+@pytest.mark.parametrize(
+    ("observations", "limits", "want", "why"),
+    [
+        pytest.param(SPINNING, LIMITS, Verdict.UNKNOWN, "--collector.stacks",
+                     id="only CPU moves, stacks off: unknown, with the hint"),
+        pytest.param([*SPINNING, *spinning_looks()], STACKS, Verdict.STALLED, "stacks stay the same",
+                     id="only CPU moves and the stack stays in synchronize: stalled"),
+        pytest.param([*SPINNING, *spinning_looks(lambda t: [("trace", "torch/_dynamo/convert_frame.py", t)])],
+                     STACKS, Verdict.SILENT_PROGRESS, "", id="only CPU moves but the stack moves: silent work"),
+        pytest.param([*SPINNING, *spinning_looks(lambda t: None)], STACKS, Verdict.UNKNOWN, "cannot be read",
+                     id="the busy process's stack cannot be read (native): unknown"),
+        pytest.param([*SPINNING, *spinning_looks()[:2]], STACKS, Verdict.UNKNOWN, "cannot be read",
+                     id="the looks stopped (py-spy failing): unknown, never stalled on old looks"),
+        pytest.param([*SPINNING, *spinning_looks()[:1]], STACKS, Verdict.UNKNOWN, "cannot be read",
+                     id="one look is no comparison: unknown"),
+        pytest.param([*SPINNING, *(look(t, (10, 30 + t, [SPIN]), (11, 5.0, None)) for t in range(85, 401, 60))],
+                     STACKS, Verdict.STALLED, "stacks stay the same",
+                     id="an idle process that cannot be read does not hide the spinning one"),
+        pytest.param([*SPINNING, *(look(t, (10, 30 + t, [SPIN]), (11, t, None)) for t in range(85, 401, 60))],
+                     STACKS, Verdict.UNKNOWN, "cannot be read",
+                     id="a busy process that cannot be read: unknown"),
+        pytest.param([*SPINNING, *(look(t, (10 if t < 300 else 12, 30 + t, [SPIN])) for t in range(85, 401, 60))],
+                     STACKS, Verdict.STALLED, "stacks stay the same",
+                     id="a process gone between looks is no movement of the stack"),
+        pytest.param([*TO_COMPILE, *(procs(t, 10, cpu=30 + t, rss=GiB + t * 12 * MiB) for t in range(30, 401, 10))],
+                     LIMITS, Verdict.SILENT_PROGRESS, "", id="a graph being traced: CPU and memory move, silent work"),
+        pytest.param([*TO_COMPILE, *(procs(t, 10, cpu=30, rss=GiB + t * 8 * MiB) for t in range(30, 401, 10))],
+                     LIMITS, Verdict.SILENT_PROGRESS, "", id="mmap from slow storage: only memory moves, silent work"),
+        pytest.param([*TO_COMPILE, *(procs(t, 10, cpu=30, rss=GiB + t * MiB // 20) for t in range(30, 401, 10))],
+                     LIMITS, Verdict.STALLED, "nothing moves", id="memory creeping below its floor is no movement"),
+        pytest.param([*TO_COMPILE, *(procs(t, 10, cpu=30) for t in range(30, 401, 10)), *spinning_looks(cpu_of=lambda t: 30)],
+                     STACKS, Verdict.STALLED, "nothing moves", id="an idle hang with stacks: stalled"),
+    ],
+)
+def test_judge_with_memory_and_stacks(observations, limits, want, why):
+    from exporter.core.tracker import assess
+
+    observations = sorted(observations, key=lambda o: o.t)
+    verdict, reason = assess(fold(observations, limits), 400, limits)
+    assert (verdict, why in reason) == (want, True), reason
+
+
+def test_where_a_silent_unit_is_stuck_groups_its_ranks():
+    from exporter.core import stuck
+    from exporter.core.model import Frame, ProcessStack, StackSample, ThreadStack
+
+    idle = ThreadStack(7, (Frame("wait", "threading.py", 320),))
+    spin = ThreadStack(8, (Frame("synchronize", "torch/cuda/__init__.py", 1040), Frame("capture", "vllm/worker.py", 9)))
+    sample = StackSample(390, U, (
+        ProcessStack(10, "R", "", 50.0, (spin, idle)),
+        ProcessStack(11, "R", "", 50.0, (spin,)),
+        ProcessStack(12, "D", "folio_wait_bit_common", 1.0, None),
+        ProcessStack(13, "S", "futex_wait_queue", 0.0, (ThreadStack(13, ()),)),
+    ))
+    state = fold([*SPINNING, sample], STACKS)
+    groups = stuck.where(state, Verdict.STALLED, 400, STACKS)
+    assert [(g.pids, g.frames[:1], g.state, g.wchan) for g in groups] == [
+        ((10, 11), (Frame("synchronize", "torch/cuda/__init__.py", 1040),), "R", ""),
+        ((12,), (), "D", "folio_wait_bit_common"),
+        ((13,), (), "S", "futex_wait_queue"),
+    ]
+    assert stuck.frame_labels(groups) == ("synchronize", "torch/cuda/__init__.py")
+    assert stuck.frame_labels(groups[1:]) == ("folio_wait_bit_common", "[kernel]")
+    assert "storage" in stuck.waiting_for("folio_wait_bit_common")
+    assert stuck.where(state, Verdict.PROGRESSING, 400, STACKS) == ()  # a unit that speaks is stuck nowhere
+    assert stuck.where(state, Verdict.STALLED, 390 + 60 + 7, STACKS) == ()  # an old look says nothing

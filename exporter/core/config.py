@@ -74,6 +74,7 @@ class Config:
     state_path: Path | None = STATE_PATH  # None: keep no history
     history_writes: bool = True  # serve keeps the history; status and wait only read the agent's
     gpu: bool = True
+    stacks: bool = False  # --collector.stacks: Python stacks of silent units through py-spy
     cgroup_root: Path | None = None  # None: found from /proc/self/mountinfo
     web_config: Path | None = None  # --web.config.file: TLS, basic auth and headers (exporter-toolkit format)
     pods: Path | None = PODS  # None: no Kubernetes pods (--no-collector.containers)
@@ -84,4 +85,13 @@ class Config:
     @property
     def limits(self) -> Limits:
         # Three missed samples make evidence stale: one late sample is jitter, three is a failing source.
-        return Limits(silence=self.silence, stall=self.stall, stale=3 * self.interval + 1, gpu=self.gpu)
+        return Limits(silence=self.silence, stall=self.stall, stale=3 * self.interval + 1, gpu=self.gpu,
+                      stacks=self.stacks, stack_every=self.stack_every)
+
+    @property
+    def stack_every(self) -> float:
+        """Seconds between two looks at a silent unit's processes: a quarter of the time between silence
+        and stall, so that unchanged stacks are seen several times before a stall is called; never more
+        often than the processes are sampled, and at least once a minute, so that where a unit is stuck
+        stays fresh (a py-spy dump costs about 10 ms of CPU, the reason not to look more often)."""
+        return min(60.0, max(self.interval, (self.stall - self.silence) / 4))

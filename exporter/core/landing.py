@@ -7,7 +7,8 @@ from html import escape
 from exporter import __version__
 from exporter.core import progress
 from exporter.core.model import Attempt, Phase, Snapshot, UnitView
-from exporter.core.report import duration, progress_text, status_line
+from exporter.core.report import duration, progress_text, status_line, stuck_text
+from exporter.core.stuck import FRAMES_SHOWN
 
 # One colour per phase, so that a glance at the bar says where the time went.
 COLOURS = {
@@ -41,6 +42,7 @@ h1 { font-size: 20px; } h2 { font-size: 16px; margin: 0 0 .3em; }
 .span { color: #fff; font-size: 12px; white-space: nowrap; overflow: hidden; padding: .35em .3em 0; min-width: 3px; }
 .gap { position: absolute; top: 0; bottom: 0; background: repeating-linear-gradient(45deg, rgba(0,0,0,.35) 0 4px, transparent 4px 9px); border-left: 2px solid #000; }
 .label { font-size: 12px; color: #555; }
+.stuck { font-family: ui-monospace, monospace; font-size: 12px; margin: -.4em 0 .8em; color: #7a2a1f; }
 .legend span { display: inline-block; margin-right: 1em; font-size: 12px; }
 .legend i { display: inline-block; width: .9em; height: .9em; margin-right: .3em; vertical-align: -1px; border-radius: 2px; }
 """
@@ -68,6 +70,9 @@ def _unit(view: UnitView, snap: Snapshot) -> str:
         f"<span class='verdict' style='background:{colour}'>{view.verdict}</span></h2>"
         f"<div class='label'>{about}</div><div class='status'>{escape(status_line(view, snap))}</div>"
     )
+    if view.stuck:  # where a silent unit's processes are: innermost frame first
+        html += "<div class='stuck'>" + "<br>".join(
+            "at " + escape(stuck_text(group, FRAMES_SHOWN)) for group in view.stuck) + "</div>"
     if state.attempt:
         html += "<div class='label'>this start</div>" + _bar(state.attempt, snap, "bar")
     if state.previous:

@@ -55,6 +55,8 @@ class Signal(StrEnum):
     IO = "io"
     GPU_MEMORY = "gpu_memory"
     PROCESSES = "processes"
+    MEMORY = "memory"
+    STACK = "stack"
 
 
 class Outcome(StrEnum):
@@ -202,7 +204,42 @@ class Suppressed:
     count: int
 
 
-Observation = LogLine | Lifecycle | ProcessSample | GpuSample | Fault | Resumed | Suppressed
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One Python frame, as py-spy reads it: `file` is the short path (`torch/distributed/distributed_c10d.py`)."""
+
+    function: str
+    file: str
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStack:
+    thread: int  # the OS thread id
+    frames: tuple[Frame, ...]  # innermost first
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStack:
+    """Where one process of a unit is: what the kernel says of it, and its Python threads when they were read."""
+
+    pid: int
+    state: str  # the kernel's state letter (R, S, D, …) of its most telling thread: one in D if any, else the main one
+    wchan: str  # the kernel function that thread waits in; "" when it runs, or the kernel would not say
+    cpu_seconds: float  # its CPU time so far, threads and all: which processes burn CPU between two dumps
+    threads: tuple[ThreadStack, ...] | None = None  # the busiest first; None when not read (native, off, failed)
+
+
+@dataclass(frozen=True, slots=True)
+class StackSample:
+    """One look at where a silent unit's processes are (exporter.sources.stacks), the busiest first."""
+
+    t: float
+    unit: str
+    processes: tuple[ProcessStack, ...]
+
+
+Observation = LogLine | Lifecycle | ProcessSample | GpuSample | Fault | Resumed | Suppressed | StackSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +391,9 @@ class UnitState:
     cpu_rate: float = 0.0
     io_rate: float = 0.0
     gpu_at_last_log: int | None = None  # GPU memory when the unit last spoke: what moved in silence
+    rss_at_last_move: int | None = None  # resident memory when the memory signal last moved
+    stacks: StackSample | None = None  # the last look at where its processes are
+    stacks_compared: float | None = None  # the last dump that found every CPU-burning process's stacks twice
 
     @property
     def gpu_memory(self) -> int | None:
@@ -378,7 +418,10 @@ class Limits:
     cpu_floor: float = 0.05  # CPU seconds per second (5% of a core) that count as work
     io_floor: int = 64 * 1024  # bytes read or written between samples that count as work
     gpu_floor: int = 64 * 1024 * 1024  # a GPU memory change that counts as movement
+    memory_floor: int = 32 * 1024 * 1024  # a change of the unit's resident memory that counts as movement
     gpu: bool = True  # whether GPU evidence is expected at all
+    stacks: bool = False  # whether Python stacks are sampled (--collector.stacks)
+    stack_every: float = 60.0  # how often a silent unit's processes are looked at
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +442,17 @@ class Expectation:
 
 
 @dataclass(frozen=True, slots=True)
+class Stuck:
+    """Processes of a silent unit that are in the same place: the same innermost Python frames of their
+    busiest thread, or, where no stack was read, the same kernel state and wait."""
+
+    pids: tuple[int, ...]
+    frames: tuple[Frame, ...]  # innermost first; () when no stack was read
+    state: str
+    wchan: str
+
+
+@dataclass(frozen=True, slots=True)
 class UnitView:
     """A unit as published: its state, the verdict at the snapshot's time, and what its past expects."""
 
@@ -406,6 +460,8 @@ class UnitView:
     verdict: Verdict
     expected: Expectation | None = None
     container: Container | None = None  # the unit is this container (its namespace, pod and name)
+    why: str = ""  # what the verdict rests on, when it is stalled or unknown
+    stuck: tuple[Stuck, ...] = ()  # where a silent unit's processes are, the busiest first
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from exporter.core import expectations, progress
-from exporter.core.model import Attempt, Phase, Progress, Snapshot, UnitState, UnitView
+from exporter.core.model import Attempt, Phase, Progress, Snapshot, Stuck, UnitState, UnitView
+from exporter.core.stuck import waiting_for
 
 GiB = 2**30
 
@@ -48,6 +49,7 @@ def signals(state: UnitState) -> dict[str, Any]:
         "gpu_memory_bytes": gpu,
         "gpu_memory_change_since_last_log_bytes": change,
         "processes": len(sample.ids) if sample else 0,
+        "resident_memory_bytes": sample.rss_bytes if sample else 0,
     }
 
 
@@ -118,10 +120,35 @@ def unit_document(view: UnitView, snap: Snapshot) -> dict[str, Any]:
         "phase_expected_end": iso(phase_end + wall) if phase_end is not None else None,
         "expected_ready": iso(ready + wall) if ready is not None else None,
         "signals": signals(state) if live else None,
+        "verdict_reason": view.why or None,
+        "stuck": [stuck_document(group) for group in view.stuck],
         "values": dict(state.values),
         "timeline": timeline(attempt, now, wall) if attempt else [],
         "previous_timeline": timeline(state.previous, now, wall) if state.previous else [],
     }
+
+
+def stuck_document(group: Stuck) -> dict[str, Any]:
+    return {
+        "pids": list(group.pids),
+        "frames": [{"function": f.function, "file": f.file, "line": f.line} for f in group.frames],
+        "state": group.state,
+        "wchan": group.wchan or None,
+        "waiting_for": waiting_for(group.wchan) or None,
+    }
+
+
+def stuck_text(group: Stuck, frames: int = 1) -> str:
+    """`synchronize (engine.py:212) in 8 processes`, or `D in folio_wait_bit_common (waiting for a page …)`."""
+    kernel = group.state + (f" in {group.wchan}" if group.wchan else "")
+    if meaning := waiting_for(group.wchan):
+        kernel += f" (waiting for {meaning})"
+    where = " < ".join(f"{f.function} ({f.file}:{f.line})" for f in group.frames[:frames])
+    if not where:
+        where = kernel
+    elif group.state == "D":  # a Python frame that waits for storage: the kernel says so
+        where += f", {kernel}"
+    return where + (f" in {len(group.pids)} processes" if len(group.pids) > 1 else "")
 
 
 def _round(value: float | None) -> float | None:
@@ -180,4 +207,12 @@ def status_line(view: UnitView, snap: Snapshot) -> str:
             change = sig["gpu_memory_change_since_last_log_bytes"]
             sign = "+" if change and change > 0 else ""
             parts.append(f"GPU {size(sig['gpu_memory_bytes'])}" + (f" ({sign}{size(change)})" if change else ""))
-    return "  ".join(parts) + f": {view.verdict}"
+        if sig["processes"]:
+            parts.append(f"RSS {size(sig['resident_memory_bytes'])}")
+    line = "  ".join(parts) + f": {view.verdict}" + (f" ({view.why})" if view.why else "")
+    if view.stuck:
+        line += f"; at {stuck_text(view.stuck[0])}"
+        if len(view.stuck) > 1:
+            others = len(view.stuck) - 1
+            line += f" (+{others} other place{'s' if others > 1 else ''})"
+    return line

@@ -30,6 +30,7 @@ from exporter.core.model import (
     Reason,
     Resumed,
     Signal,
+    StackSample,
     Suppressed,
     UnitState,
     Verdict,
@@ -296,6 +297,12 @@ def _processes(state: UnitState, sample: ProcessSample, limits: Limits) -> UnitS
             state = _moved(state, Signal.IO, sample.t)
         if sample.ids != before.ids:
             state = _moved(state, Signal.PROCESSES, sample.t)
+    mark = state.rss_at_last_move
+    if mark is None or abs(sample.rss_bytes - mark) >= limits.memory_floor:
+        # weights paged in through mmap, a graph being traced: resident memory is what moves
+        state = evolve(state, rss_at_last_move=sample.rss_bytes)
+        if mark is not None:
+            state = _moved(state, Signal.MEMORY, sample.t)
 
     live = _live(state)
     if live and before and _replaced(before, sample, live):
@@ -335,6 +342,33 @@ def _gpu(state: UnitState, sample: GpuSample, limits: Limits) -> UnitState:
     return state
 
 
+def _stacks(state: UnitState, sample: StackSample, limits: Limits) -> UnitState:
+    """A look at where the processes are. The stack moves when a thread of a process seen in the look before
+    has other frames; the look counts as a comparison when every process that burned CPU in between had
+    its stacks read both times: only then can unchanged stacks say that a busy unit spins."""
+    before = state.stacks
+    state = evolve(state, stacks=sample)
+    if before is None or sample.t - before.t > limits.stack_every + limits.stale:
+        return state  # nothing recent to compare with: the unit spoke in between, or the looks failed
+    elapsed = max(sample.t - before.t, 1e-9)
+    earlier = {p.pid: p for p in before.processes}
+    compared, blind, changed = False, False, False
+    for process in sample.processes:
+        old = earlier.get(process.pid)
+        if old is None:  # a new process: the processes signal saw it come
+            continue
+        if process.threads is None or old.threads is None:
+            blind |= (process.cpu_seconds - old.cpu_seconds) / elapsed >= limits.cpu_floor
+            continue
+        compared = True
+        changed |= frozenset(process.threads) != frozenset(old.threads)
+    if changed:
+        state = _moved(state, Signal.STACK, sample.t)
+    if compared and not blind:
+        state = evolve(state, stacks_compared=sample.t)
+    return state
+
+
 def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits) -> UnitState:
     """The unit's state after one more observation. Observations arrive in time order."""
     if isinstance(obs, LogLine):
@@ -353,6 +387,8 @@ def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits
         return _moved(state, Signal.LOG, obs.t)
     if isinstance(obs, GpuSample):
         return _gpu(state, obs, limits)
+    if isinstance(obs, StackSample):
+        return _stacks(state, obs, limits)
     raise TypeError(f"advance: a {type(obs).__name__} is no observation")
 
 
@@ -365,40 +401,60 @@ def _resumed(state: UnitState, resumed: Resumed) -> UnitState:
     if not same:
         return state
     moved = {**resumed.moved, **{s: t for s, t in state.moved.items() if t > resumed.moved.get(s, -1.0)}}
-    return evolve(state, watched_since=resumed.watched_since, moved=frozen_map(moved), last_process=resumed.sample)
+    return evolve(state, watched_since=resumed.watched_since, moved=frozen_map(moved), last_process=resumed.sample,
+                  rss_at_last_move=resumed.sample.rss_bytes)
 
 
 def judge(state: UnitState, now: float, limits: Limits, ceiling: float | None = None) -> Verdict:
-    """Progressing, silent but alive, stalled, or unknown when the evidence cannot say.
+    """The verdict of `assess`, without its reason."""
+    return assess(state, now, limits, ceiling)[0]
+
+
+def assess(state: UnitState, now: float, limits: Limits, ceiling: float | None = None) -> tuple[Verdict, str]:
+    """Progressing, silent but alive, stalled, or unknown when the evidence cannot say; and, for stalled
+    and unknown, what the verdict rests on.
+
+    CPU alone proves nothing: a hung collective spins at 100% of a core. Every other signal (a line, I/O,
+    GPU memory, the process set, resident memory, a Python stack) proves progress. When for the whole
+    stall threshold only CPU moved, the unit is stalled if the stacks of its busy processes were compared
+    and stayed the same, and unknown when they were not read.
 
     `ceiling`: how long this unit's current phase has ever been allowed to take (from its history);
-    past it, a process that is only busy — CPU turning, nothing written, no memory moving, no line —
-    is stalled: that is a collective hang spinning, not silent work.
+    past it, a unit in which only CPU moves is stalled whatever the stacks say.
     """
     attempt = state.attempt
     if attempt is None or (attempt.ended is not None and attempt.phase is not Phase.FAILED):
-        return Verdict.INACTIVE
+        return Verdict.INACTIVE, ""
     if attempt.phase is Phase.FAILED:
-        return Verdict.FAILED
+        return Verdict.FAILED, ""
     if attempt.phase is Phase.READY:
-        return Verdict.READY
+        return Verdict.READY, ""
     if state.last_log is not None and now - state.last_log < limits.silence:
-        return Verdict.PROGRESSING
+        return Verdict.PROGRESSING, ""
     # Silence alone proves nothing (journald drops, \r bars, stopped streams): ask the process side.
     if state.last_process is None or now - state.last_process.t > limits.stale:
-        return Verdict.UNKNOWN
+        return Verdict.UNKNOWN, "no fresh sample of its processes"
     gpu_stale = (
         limits.gpu and state.last_gpu is not None and now - state.last_gpu.t > limits.stale
     )
-    latest = max(state.moved.values(), default=None)
-    if ceiling is not None and now - attempt.phase_since > ceiling:
-        real = [t for signal, t in state.moved.items() if signal is not Signal.CPU]
-        if not real or now - max(real) >= limits.stall:
-            return Verdict.STALLED
-    if latest is not None and now - latest < limits.stall:
-        return Verdict.SILENT_PROGRESS
+    real = max((t for signal, t in state.moved.items() if signal is not Signal.CPU), default=None)
+    cpu = state.moved.get(Signal.CPU)
+    spinning = cpu is not None and now - cpu < limits.stall
+    if ceiling is not None and now - attempt.phase_since > ceiling and (real is None or now - real >= limits.stall):
+        return Verdict.STALLED, "past the longest this phase ever took, and only CPU moves" if spinning else "nothing moves"
+    if real is not None and now - real < limits.stall:
+        return Verdict.SILENT_PROGRESS, ""
     if gpu_stale:
-        return Verdict.UNKNOWN  # the GPU might be the one thing still moving: do not guess
+        return Verdict.UNKNOWN, "its GPU evidence is stale, and nothing else moves"  # the GPU might: do not guess
     assert state.watched_since is not None
-    quiet_since = max(latest or attempt.started, state.watched_since, attempt.started)
-    return Verdict.STALLED if now - quiet_since >= limits.stall else Verdict.UNKNOWN
+    quiet_since = max(attempt.started if real is None else real, state.watched_since, attempt.started)
+    if now - quiet_since < limits.stall:
+        return Verdict.UNKNOWN, "not watched for the stall threshold yet"
+    if not spinning:
+        return Verdict.STALLED, "nothing moves"
+    compared = state.stacks_compared
+    if limits.stacks and compared is not None and now - compared <= limits.stack_every + limits.stale:
+        return Verdict.STALLED, "only CPU moves, and the Python stacks stay the same"
+    if limits.stacks:
+        return Verdict.UNKNOWN, "only CPU moves, and the busy processes' Python stacks cannot be read"
+    return Verdict.UNKNOWN, "only CPU moves (--collector.stacks tells a spin from silent work)"

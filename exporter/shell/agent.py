@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Protocol
 
-from exporter.core import checkpoint, expectations, grammar, xids
+from exporter.core import checkpoint, expectations, grammar, stuck, xids
 from exporter.core.checkpoint import Checkpoint
 from exporter.core.config import Config
 from exporter.core.containers import Container
@@ -19,13 +19,14 @@ from exporter.core.model import (
     ProcessSample,
     Resumed,
     Snapshot,
+    StackSample,
     UnitState,
     UnitView,
     XidError,
     evolve,
     frozen_map,
 )
-from exporter.core.tracker import advance, judge
+from exporter.core.tracker import advance, assess
 from exporter.shell.engines import EngineNames
 from exporter.shell.recorder import HistoryRecorder
 from exporter.sources.gpu import GpuReading, by_unit
@@ -78,6 +79,15 @@ class GpuFeed(Protocol):
     latest: GpuReading | None
 
 
+class StackFeed(Protocol):
+    """What the agent looks at silent units' processes through (exporter.sources.stacks.StackSource)."""
+
+    status: SourceStatus
+
+    def watch(self, targets: Mapping[str, frozenset[int]]) -> None: ...
+    def drain(self) -> list[StackSample]: ...
+
+
 class Agent:
     def __init__(
         self,
@@ -90,10 +100,12 @@ class Agent:
         wall: Callable[[], float] = time.time,
         restored: Checkpoint | None = None,
         containers: ContainerFeed | None = None,
+        stacks: StackFeed | None = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
         self.journal, self.processes, self.gpu, self.containers = journal, processes, gpu, containers
+        self.stacks = stacks
         self.identities: dict[str, Container] = {}  # the units that are containers (the last seen of each)
         self.present: dict[str, Container] = {}  # the containers on the host now, as the flags select them
         self._looked_at: set[str] = set()  # containers (ids) whose command lines were read
@@ -159,6 +171,8 @@ class Agent:
                 self._xids_seen = reading.t
                 found += reading.xids
         observations += self._count_xids(found, reading)
+        if self.stacks:  # looks taken on the stack thread since the last round
+            observations += [s for s in self.stacks.drain() if s.unit in caught_up]
         # 6. The fold, in time order.
         observations.sort(key=lambda o: o.t)
         for obs in observations:
@@ -168,6 +182,12 @@ class Agent:
         if self.recorder:
             self.recorder.remember(self.states.values(), offset, self.journal.drained_cursor, caught_up)
         self.snapshot = self._publish(units, t, offset)
+        if self.stacks:  # the units silent now are looked at, on the stack thread
+            self.stacks.watch({
+                view.state.unit: frozenset(pid for pid, _ in view.state.last_process.ids)
+                for view in self.snapshot.units
+                if view.verdict in stuck.SILENT and view.state.last_process and view.state.last_process.ids
+            })
         return self.snapshot
 
     def warm_up(self, timeout: float = 10.0) -> Snapshot:
@@ -303,10 +323,13 @@ class Agent:
             ceiling = expectations.ceiling(expected, state.phase)
             if unit in self.present:
                 self.identities[unit] = self.present[unit]
-            view = UnitView(state, judge(state, t, self.limits, ceiling), expected, self.identities.get(unit))
+            verdict, why = assess(state, t, self.limits, ceiling)
+            view = UnitView(state, verdict, expected, self.identities.get(unit), why,
+                            stuck.where(state, verdict, t, self.limits))
             old = before.get(unit)
             if old is None or old.state.phase is not state.phase or old.verdict is not view.verdict:
-                logger.info("unit=%s phase=%s verdict=%s", unit, state.phase, view.verdict)
+                logger.info("unit=%s phase=%s verdict=%s%s", unit, state.phase, view.verdict,
+                            f" why={view.why!r}" if view.why else "")
             views.append(view)
         sources = {"journal": self.journal.status.health, "processes": self.processes_status.health}
         if self.gpu:
@@ -315,6 +338,8 @@ class Agent:
             sources["history"] = self.recorder.status.health
         if self.containers:
             sources["containers"] = self.containers.status.health
+        if self.stacks and self.config.stacks:
+            sources["stacks"] = self.stacks.status.health
         now = t + offset
         # A source whose last success is stale is down, even if its thread is stuck inside a call
         # that has not failed yet (an NVML call can block for minutes).

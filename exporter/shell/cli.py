@@ -52,6 +52,9 @@ def add_source_flags(parser: argparse.ArgumentParser, units: bool = True) -> Non
                         metavar="DURATION", help="nothing moving for this long makes a unit stalled (default 5m)")
     parser.add_argument("--collector.gpu", dest="gpu", action=argparse.BooleanOptionalAction, default=True,
                         help="sample GPU memory through NVML (default on; harmless without a GPU)")
+    parser.add_argument("--collector.stacks", dest="stacks", action=argparse.BooleanOptionalAction, default=False,
+                        help="sample the Python stacks of silent units with py-spy, to tell a spin from silent work "
+                        "and show where a unit is stuck (default off; needs root or CAP_SYS_PTRACE)")
     parser.add_argument("--path.cgroupfs", dest="cgroup_root", type=Path, metavar="DIR",
                         help="the cgroup v2 mount (default: found in /proc/self/mountinfo)")
     parser.add_argument("--collector.containers", dest="containers", action=argparse.BooleanOptionalAction,
@@ -159,6 +162,7 @@ def config_from(args: argparse.Namespace) -> Config:
         state_path=args.state_path,
         history_writes=args.command == "serve",
         gpu=args.gpu,
+        stacks=args.stacks,
         cgroup_root=args.cgroup_root,
         web_config=getattr(args, "web_config", None),
         pods=args.pods if args.containers else None,

@@ -33,6 +33,7 @@ from exporter.core.model import (
     Snapshot,
     Verdict,
 )
+from exporter.core.stuck import frame_labels
 
 NS = "llmstartup"
 # The sources sample on their own cadence and a scrape renders their latest snapshot, so that a hung
@@ -90,6 +91,9 @@ class SnapshotCollector(Collector):
         progress_target = _gauge("phase_progress_target", "How many of what the engine counts in the current phase there are in all.", ["unit", "item"])
         phase_end = _gauge("phase_expected_end_timestamp_seconds", "When the current phase should end, by the rate of its progress reports (the engine's own estimate when it gives one).", ["unit"])
         ready_expected = _gauge("startup_expected_ready_timestamp_seconds", "When the current start should be ready: the phase's expected end plus the typical durations of the phases ahead (history).", ["unit"])
+        stuck_frame = _gauge("unit_stuck_frame_info", "Where a stalled unit is stuck: the innermost Python frame of "
+                             "its busiest process, or its kernel wait (file [kernel]); no series while it is not stalled.",
+                             ["unit", "function", "file"])
 
         for view in snap.units:
             state, unit = view.state, view.state.unit
@@ -150,11 +154,13 @@ class SnapshotCollector(Collector):
                     phase_end.add_metric([unit], end + wall)
             if attempt and attempt.ended is None and (ready := progresses.ready_at(view.expected, attempt, snap.t)) is not None:
                 ready_expected.add_metric([unit], ready + wall)
+            if view.verdict is Verdict.STALLED and (labels := frame_labels(view.stuck)):
+                stuck_frame.add_metric([unit, *labels], 1)
 
         yield from (info, phase, verdict, startup_start, phase_start, ready_at, last_log, progress)
         yield from (cpu, suppressed, read, written, rss, processes, gpu_memory, startups, failures)
         yield from (phase_hist, startup_hist, last_phase, expected, *values.values())
-        yield from (progress_ratio, progress_done, progress_target, phase_end, ready_expected)
+        yield from (progress_ratio, progress_done, progress_target, phase_end, ready_expected, stuck_frame)
 
         gpu_info = _gauge("gpu_info", "A GPU the agent sees, by index, with its UUID and name.", ["gpu", "uuid", "name"])
         utilization = _gauge("gpu_utilization_ratio", "GPU busy time (0–1); recorded, never counted as progress." + CACHED, ["gpu"])

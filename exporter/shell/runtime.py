@@ -22,6 +22,7 @@ from exporter.sources.gpu import GpuSource
 from exporter.sources.journal import JournalPlace
 from exporter.sources.journal_process import JournalSource
 from exporter.sources.processes import ProcessSource, find_cgroup2_root
+from exporter.sources.stacks import StackSource
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class Runtime:
     gpu: GpuSource | None
     server: Server | None
     cgroup_root: Path
+    stacks: StackSource
 
     @classmethod
     def start(cls, config: Config, http: bool = True) -> Runtime:
@@ -61,14 +63,17 @@ class Runtime:
         resume = (known.cursor, frozenset(known.states)) if known and known.cursor else None
         journal = JournalSource(JournalPlace(config.namespace, config.directory), resume=resume)
         containers = ContainerSource(config.pods, config.docker) if config.pods or config.docker else None
+        # always there: where a silent unit's processes wait is read from /proc even without stacks
+        stacks = StackSource(config.interval, config.stack_every, python=config.stacks)
         agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, recorder, restored=known if resume else None,
-                      containers=containers)
+                      containers=containers, stacks=stacks)
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(lambda: agent.snapshot))
         ProcessCollector(namespace="llmstartup_exporter", registry=registry)
         journal.start()
         if gpu:
             gpu.start()
+        stacks.start()
         server = None
         try:
             # Serve only once the units' history is read: the first scrape after a (re)start
@@ -82,10 +87,11 @@ class Runtime:
             journal.stop()
             if gpu:
                 gpu.stop()
+            stacks.stop()
             if isinstance(error, webconfig.WebConfigError):  # a certificate and key that do not fit
                 raise StartError(f"--web.config.file {error}") from None
             raise StartError(f"cannot listen on {config.listen[0]}:{config.listen[1]}: {error.strerror}") from None
-        return cls(agent, journal, gpu, server, cgroup_root)
+        return cls(agent, journal, gpu, server, cgroup_root, stacks)
 
     def close(self) -> None:
         if self.server:
@@ -94,6 +100,7 @@ class Runtime:
         self.journal.stop()
         if self.gpu:
             self.gpu.stop()
+        self.stacks.stop()
 
 
 def _history(path: Path | None, readonly: bool) -> History | None:

@@ -12,7 +12,9 @@ A scenario is a JSON list of steps, run in order:
                                "{api_pid}" and "{engine_pid}" in the text become those pids.
     {"raw": "text"}            the text and a newline, unformatted ("proc" adds the process prefix only)
     {"sleep": s}               idle for s seconds
-    {"burn": s, "workers": n}  n child processes burn CPU silently for s seconds (torch.compile workers)
+    {"burn": s, "workers": n}  n child processes burn CPU silently for s seconds, each writing what it
+                               compiles to a cache file, 256 KiB a second (torch.compile's workers);
+                               "cache": false writes nothing: only CPU turns, as in a spinning collective
     {"bar": "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", "steps": n, "seconds": s}
                                a tqdm bar redrawn with \\r and no newline until it ends, as tqdm does;
                                "per_line": true ends every redraw with \\n instead (vLLM's shard bar);
@@ -36,11 +38,13 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
 API = "APIServer"
+KERNEL_BYTES, KERNEL_EVERY = 64 * 1024, 0.25  # what a compile worker writes to its cache, and how often
 ENGINE = "EngineCore_DP0"
 
 # Message prefix → (process, source file:line in vLLM 0.11.0 unless noted). The first match wins.
@@ -357,7 +361,7 @@ class Startup:
         elif "sleep" in step:
             time.sleep(float(step["sleep"]))
         elif "burn" in step:
-            self.burn(float(step["burn"]), int(step.get("workers", 2)))
+            self.burn(float(step["burn"]), int(step.get("workers", 2)), bool(step.get("cache", True)))
         elif "bar" in step:
             self.bar(str(step["bar"]), int(step.get("steps", 10)), float(step.get("seconds", 1.0)),
                      bool(step.get("per_line", False)), proc or ENGINE, None if step.get("until") is None else int(step["until"]))
@@ -410,18 +414,26 @@ class Startup:
         ]
         self.console.write("\n".join(outer) + "\n", proc, "stderr")
 
-    def burn(self, seconds: float, workers: int) -> None:
-        """Silent CPU work in child processes, as torch.compile's workers; they exit when done."""
+    def burn(self, seconds: float, workers: int, cache: bool = True) -> None:
+        """Silent CPU work in child processes, as torch.compile's workers, which write the kernels they
+        compile to its cache (a file unlinked at once: nothing is left behind) unless `cache` is off;
+        they exit when done."""
         self._flush()
         parent = os.getpid()
         for _ in range(workers):
             pid = os.fork()
             if pid == 0:
                 self._child("compile_worker")
-                deadline = time.monotonic() + seconds
-                while time.monotonic() < deadline and os.getppid() == parent:
-                    for _ in range(10000):
-                        pass
+                kernel = os.urandom(KERNEL_BYTES)
+                with tempfile.TemporaryFile(prefix="llmstartup-demo-kernel-") as kernels:
+                    written = time.monotonic()
+                    deadline = written + seconds
+                    while time.monotonic() < deadline and os.getppid() == parent:
+                        for _ in range(10000):
+                            pass
+                        if cache and time.monotonic() - written >= KERNEL_EVERY:
+                            os.pwrite(kernels.fileno(), kernel, 0)
+                            written = time.monotonic()
                 os._exit(0)
             self.workers.append(pid)
         while self.workers:
