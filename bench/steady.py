@@ -9,8 +9,8 @@ and Debian's `prometheus-node-exporter` with its default collectors, on the same
 time. The benchmark scrapes both every 2 s, so both do comparable work.
 
 2. Over a measured window (60 s) after a warm-up: CPU as % of one core, from utime+stime in
-   /proc/<pid>/stat of the process and all its descendants (ours: serve, the journal reader child,
-   multiprocessing's resource tracker), and RSS (the largest sum over the window, MiB).
+   /proc/<pid>/stat of the process and all its descendants (ours: serve and the journal reader child),
+   RSS (the largest sum over the window, MiB) and PSS at its end.
 3. Then a few hundred back-to-back scrapes of each /metrics, alternating, each on a new connection:
    p50/p99 latency seen by the client. Also, as the floor of an HTTP answer on loopback, a static
    file server (Python's http.server) serving a copy of our exposition.
@@ -281,7 +281,7 @@ def run(window: float = 60.0, scrapes: int = 300, warmup: float = 10.0) -> list[
         rows += [
             Row(f"steady CPU, % of one core ({UNITS} units, {UNITS} GPUs, 2 s)", f"{ours.cpu_percent:.2f}%",
                 f"{node.cpu_percent:.2f}% (node_exporter)", f"{cpu_ratio:.2f}x", "< 1%", ours.cpu_percent < 1.0),
-            Row("steady RSS, MiB (serve + reader child + tracker)", f"{ours.rss_mib:.1f}",
+            Row("steady RSS, MiB (serve + reader child)", f"{ours.rss_mib:.1f} (PSS {ours.pss_mib:.1f})",
                 f"{node.rss_mib:.1f} (node_exporter)", f"{rss_ratio:.2f}x", "< 40 MiB", ours.rss_mib < 40.0),
         ]
 
