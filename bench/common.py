@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,3 +196,24 @@ def percentile(values: list[float], p: float) -> float:
     """The nearest-rank percentile (p in 0..1)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(p * len(ordered)) - 1))]
+
+
+def write_journal(path: Path, stream: Iterable[bytes]) -> None:
+    """Write `journalctl -o export` entries into the journal file `path` with systemd-journal-remote,
+    which keeps the trusted fields (`_PID`, `_SYSTEMD_UNIT`) as given; it may rotate into more files
+    beside it (a file stops at 128 MiB, less on a small filesystem)."""
+    binary = find_binary(JOURNAL_REMOTE, "systemd-journal-remote")
+    process = subprocess.Popen([binary, f"--output={path}", "--split-mode=none", "-"], stdin=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert process.stdin is not None
+    chunk: list[bytes] = []
+    for item in stream:
+        chunk.append(item)
+        if len(chunk) >= 5000:
+            process.stdin.write(b"".join(chunk))
+            chunk = []
+    process.stdin.write(b"".join(chunk))
+    process.stdin.close()
+    error = process.stderr.read().decode(errors="replace") if process.stderr else ""
+    if process.wait() != 0:
+        raise RuntimeError(f"systemd-journal-remote failed ({process.returncode}): {error.strip()[-500:]}")

@@ -32,7 +32,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.common import JOURNAL_REMOTE, Row, find_binary, say
+from bench.common import Row, say, write_journal
 
 ENTRIES = 300_000
 UNITS = ("vllm-llama70b.service", "vllm-qwen3.service", "vllm-glm.service", "vllm-embed.service")
@@ -199,23 +199,8 @@ def export_stream(entries: int = ENTRIES, seed: int = 8) -> Iterator[bytes]:
 
 def build(folder: Path, entries: int = ENTRIES) -> list[Path]:
     """Write the journal into folder (alone, so that a Reader on the folder reads just it): one file,
-    or more where journal-remote rotates (a file stops at 128 MiB, less on a small filesystem)."""
-    binary = find_binary(JOURNAL_REMOTE, "systemd-journal-remote")
-    path = folder / "bench.journal"
-    process = subprocess.Popen([binary, f"--output={path}", "--split-mode=none", "-"], stdin=subprocess.PIPE,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert process.stdin is not None
-    chunk: list[bytes] = []
-    for item in export_stream(entries):
-        chunk.append(item)
-        if len(chunk) >= 5000:
-            process.stdin.write(b"".join(chunk))
-            chunk = []
-    process.stdin.write(b"".join(chunk))
-    process.stdin.close()
-    error = process.stderr.read().decode(errors="replace") if process.stderr else ""
-    if process.wait() != 0:
-        raise RuntimeError(f"systemd-journal-remote failed ({process.returncode}): {error.strip()[-500:]}")
+    or more where journal-remote rotates."""
+    write_journal(folder / "bench.journal", export_stream(entries))
     return sorted(folder.glob("*.journal"))
 
 

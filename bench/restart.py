@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.common import JOURNAL_REMOTE, MiB, Row, find_binary, free_port, say, scrape
+from bench.common import MiB, Row, free_port, say, scrape, write_journal
 from bench.ingest import MACHINE_ID, STARTED, _field, _serving_record, _startup_records
 
 UNIT = "bench-vllm.service"
@@ -63,24 +63,6 @@ def export_stream(serving: int, invocation: str = "5e7d" * 8) -> Iterator[bytes]
     clock = time.strftime("%m-%d %H:%M:%S")
     for n, line in enumerate([*startup, *(_serving_record(rng, 7001, clock) for _ in range(serving))], 1):
         yield entry(n, static + _field("MESSAGE", line))
-
-
-def build(folder: Path, serving: int) -> None:
-    binary = find_binary(JOURNAL_REMOTE, "systemd-journal-remote")
-    process = subprocess.Popen([binary, f"--output={folder / 'bench.journal'}", "--split-mode=none", "-"],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert process.stdin is not None
-    chunk: list[bytes] = []
-    for item in export_stream(serving):
-        chunk.append(item)
-        if len(chunk) >= 5000:
-            process.stdin.write(b"".join(chunk))
-            chunk = []
-    process.stdin.write(b"".join(chunk))
-    process.stdin.close()
-    error = process.stderr.read().decode(errors="replace") if process.stderr else ""
-    if process.wait() != 0:
-        raise RuntimeError(f"systemd-journal-remote failed ({process.returncode}): {error.strip()[-500:]}")
 
 
 def journalctl(folder: Path, repeat: int = 3) -> float:
@@ -167,7 +149,7 @@ def run(sizes: tuple[int, ...] = SIZES) -> list[Row]:
                 folder, state, log = Path(tmp) / "journal", Path(tmp) / "state.db", Path(tmp) / "serve.log"
                 folder.mkdir()
                 made = time.perf_counter()
-                build(folder, serving)
+                write_journal(folder / "bench.journal", export_stream(serving))
                 size = sum(f.stat().st_size for f in folder.iterdir()) / MiB
                 say(f"   {serving:,} serving lines: journal built in {time.perf_counter() - made:.0f} s ({size:.0f} MiB)")
                 reference = journalctl(folder)
