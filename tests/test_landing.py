@@ -136,6 +136,9 @@ def _longest_runs(image: Image.Image) -> dict[tuple[int, int, int], int]:
 @needs(CHROMIUM, "chromium (Debian package chromium)")
 def test_landing_page_in_a_browser(two_units, tmp_path):
     port, ready, hang = two_units
+    # The hang has been quiet past the silence threshold: the page shows a judged hang, not a fresh line.
+    wait_for(lambda: {d["unit"]: d for d in json.loads(fetch(port, "/api/v1/units"))}[hang.name]["verdict"]
+             in ("silent_progress", "stalled"), 20, "the hang judged silent")
     url = f"http://127.0.0.1:{port}/"
     profile = ["--user-data-dir=" + str(tmp_path / "profile")]
     dom = subprocess.run([CHROMIUM, *FLAGS, *profile, "--dump-dom", url], capture_output=True, text=True, timeout=60)
