@@ -261,7 +261,7 @@ def test_a_dead_reader_is_counted_in_the_exposition(agent, units, journal_record
     port = agent(hang.name)
     assert Scrape(fetch(port)).value("llmstartup_journal_reader_restarts_total") == 0
     [serve] = [p for p in _agents() if str(port) in " ".join(p.cmdline())]
-    [reader] = [c for c in serve.children() if "exporter.sources.journal_process" in " ".join(c.cmdline())]
+    [reader] = [c for c in serve.children() if "exporter.sources.journal_child" in " ".join(c.cmdline())]
     reader.send_signal(signal.SIGBUS)
     wait_for(lambda: (s := Scrape(fetch(port))).value("llmstartup_journal_reader_restarts_total") == 1
              and s.value("llmstartup_source_up", source="journal") == 1, 20, "the restart counted, the journal read again")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from dataclasses import dataclass
@@ -16,8 +15,6 @@ from exporter.core.entries import (  # the fields an observation is built from; 
     to_observations,
 )
 from exporter.core.model import Observation, XidError
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ version on a filesystem without hole punching), touching it kills the reading pr
 and no exception (docs/reliability.md §1.2). Only this child dies; the parent keeps what it has and
 starts a new child that resumes after the last entry it handed over.
 
-The child is a plain `python -m exporter.sources.journal_process` (no multiprocessing: no resource
+The child is a plain `python -m exporter.sources.journal_child` (no multiprocessing: no resource
 tracker process, and no module loaded that the reading does not need), started with SIGTERM and SIGINT
 ignored before it runs a line (systemd's stop and a terminal's Ctrl-C reach every process of the agent;
 they are the parent's to handle, which then stops the child). The two talk over a pair of pipes in
@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import queue
-import select
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -28,73 +25,17 @@ import time
 from collections.abc import Callable, Iterable
 
 from exporter.core.model import Observation, XidError
-from exporter.sources.journal import BATCH, Follower, JournalPlace
+from exporter.sources.journal import BATCH, JournalPlace
+from exporter.sources.journal_child import Pipe
 from exporter.sources.status import SourceStatus
 
 logger = logging.getLogger(__name__)
 
 BACKOFF_MAX = 30.0
-HEADER = struct.Struct("<I")
 # Batches read but not yet drained: past this the reader waits for the agent, and the child for the
 # reader, so that a catch-up over millions of lines holds a few MB, not hundreds; the agent, told it is
 # behind, drains again as soon as a backlog's worth is read instead of at its next round.
 BACKLOG = 16
-
-
-class Pipe:
-    """One end of a pipe, carrying whole messages: a 4-byte length, then the pickle."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def send(self, message: object) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        view = memoryview(HEADER.pack(len(data)) + data)
-        while view:
-            view = view[os.write(self.fd, view):]
-
-    def ready(self, timeout: float) -> bool:
-        return bool(select.select([self.fd], [], [], timeout)[0])
-
-    def receive(self) -> object:
-        (size,) = HEADER.unpack(self._exactly(HEADER.size))
-        return pickle.loads(self._exactly(size))
-
-    def _exactly(self, size: int) -> bytes:
-        parts = []
-        while size:
-            part = os.read(self.fd, min(size, 1 << 20))
-            if not part:
-                raise EOFError("the other end closed the pipe")
-            parts.append(part)
-            size -= len(part)
-        return b"".join(parts)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def main(commands: int, results: int) -> None:
-    """The child: follow the journal, send what it reads, stop with the parent."""
-    inbox, outbox = Pipe(commands), Pipe(results)
-    parent = os.getppid()
-    place, cursor, backfilled, resuming = inbox.receive()  # type: ignore[misc]
-    watched: frozenset[str] = backfilled
-
-    def new_units() -> frozenset[str]:
-        nonlocal watched
-        while inbox.ready(0):
-            kind, payload = inbox.receive()  # type: ignore[misc]
-            if kind == "stop":
-                raise SystemExit(0)
-            watched = payload
-        return watched
-
-    try:
-        Follower(place, lambda kind, payload: outbox.send((kind, payload)), cursor, backfilled, resuming).follow(
-            new_units, lambda: os.getppid() != parent)
-    except (BrokenPipeError, EOFError, SystemExit):  # the parent is gone or asked us to stop
-        pass
 
 
 class JournalSource:
@@ -178,8 +119,8 @@ class JournalSource:
         results_read, results_write = os.pipe()
         # `trap ''` ignores the stop signals before Python starts: an ignored signal stays ignored
         # across exec, so even one sent while the child imports is the parent's alone.
-        argv = ["/bin/sh", "-c", 'trap "" TERM INT; exec "$@"', "sh", sys.executable, "-m", __name__,
-                str(commands_read), str(results_write)]
+        argv = ["/bin/sh", "-c", 'trap "" TERM INT; exec "$@"', "sh",
+                sys.executable, "-m", "exporter.sources.journal_child", str(commands_read), str(results_write)]
         process = subprocess.Popen(argv, pass_fds=(commands_read, results_write), stdin=subprocess.DEVNULL)
         os.close(commands_read)
         os.close(results_write)
@@ -249,7 +190,3 @@ class JournalSource:
             self.status.ok(str(payload))
         elif kind == "down":
             self.status.down(str(payload))
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
