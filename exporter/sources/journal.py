@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-
-from systemd import journal
+from typing import TYPE_CHECKING
 
 from exporter.core.entries import (  # the fields an observation is built from; no other is decoded
     FIELDS,
     to_observations,
 )
 from exporter.core.model import Observation, XidError
+
+if TYPE_CHECKING:
+    from systemd import journal
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +27,10 @@ class JournalPlace:
     directory: Path | None = None
 
     def open(self) -> journal.Reader:
+        # Imported here: the agent's own process names the place and never reads it (its reader child does),
+        # and systemd-python is 3 MiB of a process's memory (README, Performance).
+        from systemd import journal
+
         if self.directory is not None:
             return journal.Reader(path=str(self.directory))
         if self.namespace is not None:
