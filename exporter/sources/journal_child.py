@@ -1,8 +1,9 @@
 """The journal reader child's own side: follow the journal and send what it reads to the parent.
 
 Run as `python -m exporter.sources.journal_child COMMANDS RESULTS` (two inherited pipe fds) by
-exporter.sources.journal_process, which holds the parent's side. It imports only what reading needs, not the
-parent's threads, queues and subprocesses: a second interpreter is the agent's largest memory cost.
+exporter.sources.journal_process, which holds the parent's side. It imports only what reading needs, not
+the parent's threads, queues and subprocesses: every module a second interpreter loads is memory the agent
+holds twice.
 """
 
 from __future__ import annotations
