@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import signal
 import tomllib
 from dataclasses import dataclass
@@ -46,10 +47,17 @@ def _replay(case: Case) -> tuple[int, list[dict[str, Any]], str]:
     default, which a test process must not keep)."""
     out, err = io.StringIO(), io.StringIO()
     sigpipe = signal.getsignal(signal.SIGPIPE)
+    # The command's logging is set up once per process (and not at all under pytest, whose handlers are
+    # there first): a handler of this case's own, or a miss would say only its exit code and not why
+    # ("no model-server startup found …").
+    said = logging.StreamHandler(err)
+    said.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(said)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = cli.main(["replay", str(case.log), "--format", "json", *case.expected.get("args", [])])
     finally:
+        logging.getLogger().removeHandler(said)
         signal.signal(signal.SIGPIPE, sigpipe)
     docs = json.loads(out.getvalue()) if code == 0 else []
     return code, docs if isinstance(docs, list) else [docs], err.getvalue()
@@ -131,3 +139,13 @@ def test_every_case_is_read_right(request):
         f"  {name}: {'; '.join(found)}" for name, found in sorted(wrong.items())
     )
 
+
+
+def test_a_case_replay_finds_nothing_in_is_a_miss_that_says_why(tmp_path):
+    log = tmp_path / "vllm" / "no-markers.log"
+    log.parent.mkdir()
+    log.write_text("hello\nnothing a grammar knows\n")
+    case = Case(log, {"engine": "vllm", "outcome": "ready", "last_phase": "ready"})
+    for _ in range(2):  # the second too: the command sets its logging up once per process
+        [miss] = misses(case)
+        assert miss.startswith("exit 1: ") and "no model-server startup found" in miss
