@@ -339,6 +339,22 @@ def test_naive_times_are_local_by_default(monkeypatch: pytest.MonkeyPatch) -> No
         time.tzset()
 
 
+def test_naive_times_take_the_zone_the_log_prints_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ollama's Go `log` prints its first line without a zone, slog the rest with one: one clock, not six
+    hours apart, on a machine in any zone. A zone given (`tz`) still wins."""
+    monkeypatch.setenv("TZ", "XYZ+05")
+    time.tzset()
+    try:
+        log = [b"2025/02/16 20:51:57 routes.go:1186: INFO server config env=\"map[]\"\n",
+               b'time=2025-02-16T20:51:57.943-06:00 level=INFO source=routes.go:1237 msg="Listening on 127.0.0.1:11434"\n']
+        assert [t for t, _ in entries(log, Format.PLAIN, year=2025)] == [
+            at(2025, 2, 17, 2, 51, 57), at(2025, 2, 17, 2, 51, 57) + 0.943]
+        assert [t for t, _ in entries(log, Format.PLAIN, year=2025, tz=UTC)][0] == at(2025, 2, 16, 20, 51, 57)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 # --- docker logs -t ------------------------------------------------------------------------------
 
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -53,6 +55,7 @@ MONTHS = {
     for number, name in enumerate(names.split(), 1)
 } | {"май".encode(): 5}
 HEAD = 512  # header regexes only ever look at this much of a line
+ZONE_LOOKAHEAD = 200  # lines of an engine's own output looked at for the zone its times are printed in
 MAX_FIELD = 64 * 1024 * 1024  # a binary export field longer than this is taken for garbage
 # Times a timeline can print (report.iso: datetime's years 1 to 9999, a day's margin for any zone). A
 # date at the edge in a far zone ("0001-01-01T00:00:00+23:59") or a realtime of 30 digits is garbage,
@@ -336,7 +339,9 @@ def entries(
 
     `year` is the year of the first dated line of a format that prints none (short,
     short-precise, vLLM, glog); later lines move to the next year when the dates go back past
-    New Year. Times printed without a zone are taken in `tz` (default: this machine's local zone).
+    New Year. Times printed without a zone are taken in `tz`; by default, in an engine's own output, in the
+    zone of the first of its first lines that prints one (Ollama's Go `log` prints its first lines
+    without a zone and slog the rest with one, all on the same clock), else in this machine's local zone.
     t is None where a line carries no time (tracebacks, raw C output, unparseable lines); the
     caller carries the previous one forward. Malformed input never raises: lines that cannot be
     read are passed on as a MESSAGE with t None (text formats) or skipped (journal formats).
@@ -354,6 +359,8 @@ def entries(
         return _container(lines, docker_json_record, unit)
     if fmt is Format.DOCKER:
         return _docker(lines, unit)
+    if tz is None:
+        lines, tz = _zone_in_head(lines, unit)
     return _plain(lines, unit, _Years(year, tz), tz)
 
 
@@ -718,19 +725,39 @@ def _pid1(unit: str, message_id: str, line: bytes) -> Fields:
     return {"_PID": "1", "UNIT": unit, "MESSAGE_ID": message_id, "MESSAGE": _text(line)}
 
 
-def _plain_time(line: bytes, years: _Years, tz: tzinfo | None) -> float | None:
+def _plain_stamp(line: bytes) -> tuple[tuple[bytes | None, ...], str] | None:
+    """The groups and layout of the time a line of an engine's own output starts with, if any."""
     head = line[:HEAD]
     if b"\x1b" in head:
         head = ANSI_BYTES.sub(b"", head)
     for pattern, layout in PLAIN_TIMES:
-        if not (found := pattern.match(head)):
-            continue
-        groups = found.groups()
-        if layout == "mdhms":
-            mo, d, hh, mm, ss, fraction = groups
-            return years.at(int(mo), int(d), (int(hh), int(mm), int(ss)), _fraction(fraction))
-        if layout == "mdyhms":
-            mo, d, y, hh, mm, ss = groups
-            groups = (y, mo, d, hh, mm, ss, None)
-        return _stamp(groups, tz)
+        if found := pattern.match(head):
+            return found.groups(), layout
     return None
+
+
+def _zone_in_head(lines: Iterable[bytes], unit: str) -> tuple[Iterable[bytes], tzinfo | None]:
+    """The lines, whole, and the zone of the first time among the first of them that prints one."""
+    rest = iter(lines)
+    head = list(itertools.islice(rest, ZONE_LOOKAHEAD))
+    zone: tzinfo | None = None
+    for raw in head:
+        stamp = _plain_stamp(_service(_line(raw), unit)[0])
+        if stamp and stamp[1] == "ymdhms" and len(stamp[0]) > 7 and stamp[0][7]:
+            with contextlib.suppress(ValueError):  # an offset of 24 hours or more: none
+                zone = _zone(stamp[0][7], None)
+            break
+    return itertools.chain(head, rest), zone
+
+
+def _plain_time(line: bytes, years: _Years, tz: tzinfo | None) -> float | None:
+    if (stamp := _plain_stamp(line)) is None:
+        return None
+    groups, layout = stamp
+    if layout == "mdhms":
+        mo, d, hh, mm, ss, fraction = groups
+        return years.at(int(mo), int(d), (int(hh), int(mm), int(ss)), _fraction(fraction))
+    if layout == "mdyhms":
+        mo, d, y, hh, mm, ss = groups
+        groups = (y, mo, d, hh, mm, ss, None)
+    return _stamp(groups, tz)
