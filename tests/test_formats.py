@@ -339,6 +339,15 @@ def test_naive_times_are_local_by_default(monkeypatch: pytest.MonkeyPatch) -> No
         time.tzset()
 
 
+def test_yearless_dates_take_the_year_the_log_prints_elsewhere() -> None:
+    """SGLang's processes print vLLM's yearless `MM-DD` as they start, then their own full dates: one
+    year for both, whatever the year the caller guessed (the file's), or the start lasts minus a year."""
+    log = [b"INFO 03-07 09:19:58 __init__.py:190] Automatically detected platform cuda.\n",
+           b"[2025-03-07 09:25:12 TP0] Capture cuda graph begin. This can take up to several minutes.\n"]
+    assert [t for t, _ in entries(log, Format.PLAIN, year=2026, tz=UTC)] == [
+        at(2025, 3, 7, 9, 19, 58), at(2025, 3, 7, 9, 25, 12)]
+
+
 def test_naive_times_take_the_zone_the_log_prints_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ollama's Go `log` prints its first line without a zone, slog the rest with one: one clock, not six
     hours apart, on a machine in any zone. A zone given (`tz`) still wins."""

@@ -55,7 +55,7 @@ MONTHS = {
     for number, name in enumerate(names.split(), 1)
 } | {"май".encode(): 5}
 HEAD = 512  # header regexes only ever look at this much of a line
-ZONE_LOOKAHEAD = 200  # lines of an engine's own output looked at for the zone its times are printed in
+CLOCK_LOOKAHEAD = 200  # lines of an engine's own output looked at for the year and zone it prints
 MAX_FIELD = 64 * 1024 * 1024  # a binary export field longer than this is taken for garbage
 # Times a timeline can print (report.iso: datetime's years 1 to 9999, a day's margin for any zone). A
 # date at the edge in a far zone ("0001-01-01T00:00:00+23:59") or a realtime of 30 digits is garbage,
@@ -339,9 +339,11 @@ def entries(
 
     `year` is the year of the first dated line of a format that prints none (short,
     short-precise, vLLM, glog); later lines move to the next year when the dates go back past
-    New Year. Times printed without a zone are taken in `tz`; by default, in an engine's own output, in the
-    zone of the first of its first lines that prints one (Ollama's Go `log` prints its first lines
-    without a zone and slog the rest with one, all on the same clock), else in this machine's local zone.
+    New Year. In an engine's own output, whose lines may mix formats, the first full date among its
+    first lines gives that year instead (SGLang's dates beside vLLM's yearless ones). Times printed
+    without a zone are taken in `tz`; by default, in an engine's own output, in the zone of the first
+    of its first lines that prints one (Ollama's Go `log` prints its first lines without a zone and slog
+    the rest with one, all on the same clock), else in this machine's local zone.
     t is None where a line carries no time (tracebacks, raw C output, unparseable lines); the
     caller carries the previous one forward. Malformed input never raises: lines that cannot be
     read are passed on as a MESSAGE with t None (text formats) or skipped (journal formats).
@@ -359,9 +361,10 @@ def entries(
         return _container(lines, docker_json_record, unit)
     if fmt is Format.DOCKER:
         return _docker(lines, unit)
+    lines, printed = _clock_in_head(lines, unit)
     if tz is None:
-        lines, tz = _zone_in_head(lines, unit)
-    return _plain(lines, unit, _Years(year, tz), tz)
+        tz = printed.zone
+    return _plain(lines, unit, _Years(printed.year or year, tz), tz)
 
 
 def _realtime(value: object) -> float | None:
@@ -736,18 +739,36 @@ def _plain_stamp(line: bytes) -> tuple[tuple[bytes | None, ...], str] | None:
     return None
 
 
-def _zone_in_head(lines: Iterable[bytes], unit: str) -> tuple[Iterable[bytes], tzinfo | None]:
-    """The lines, whole, and the zone of the first time among the first of them that prints one."""
+@dataclass(frozen=True)
+class _Printed:
+    """What a log's own first dated lines say of its clock: the year (of the first full date) and the
+    zone (of the first time with an offset); None where none of them says."""
+
+    year: int | None = None
+    zone: tzinfo | None = None
+
+
+def _clock_in_head(lines: Iterable[bytes], unit: str) -> tuple[Iterable[bytes], _Printed]:
+    """The lines, whole, and what the first of them print of their clock. An engine's output mixes
+    formats: vLLM's yearless `MM-DD` beside SGLang's full dates, Go's `log` without a zone beside slog's
+    offsets; the first take their year and zone from the others, all on one clock."""
     rest = iter(lines)
-    head = list(itertools.islice(rest, ZONE_LOOKAHEAD))
+    head = list(itertools.islice(rest, CLOCK_LOOKAHEAD))
+    year: int | None = None
     zone: tzinfo | None = None
     for raw in head:
         stamp = _plain_stamp(_service(_line(raw), unit)[0])
-        if stamp and stamp[1] == "ymdhms" and len(stamp[0]) > 7 and stamp[0][7]:
+        if stamp is None or stamp[1] != "ymdhms":
+            continue
+        groups = stamp[0]
+        if year is None and groups[0]:
+            year = int(groups[0])
+        if zone is None and len(groups) > 7 and groups[7]:
             with contextlib.suppress(ValueError):  # an offset of 24 hours or more: none
-                zone = _zone(stamp[0][7], None)
+                zone = _zone(groups[7], None)
+        if year is not None and zone is not None:
             break
-    return itertools.chain(head, rest), zone
+    return itertools.chain(head, rest), _Printed(year, zone)
 
 
 def _plain_time(line: bytes, years: _Years, tz: tzinfo | None) -> float | None:
