@@ -127,6 +127,13 @@ def test_detect_samples(name: str, fmt: Format) -> None:
             Format.SHORT,
             id="short with CRLF and a header",
         ),
+        pytest.param(
+            [b"```\n", b"Feb 26 22:45:01 host systemd[1]: Started Ollama Service.\n",
+             *[b"\xe2\x96\x91\xe2\x96\x91 Subject: A start job for unit ollama.service has finished successfully\n"] * 3,
+             b"Feb 26 22:45:01 host ollama[1248]: time=2024-02-26T22:45:01.556+08:00 level=INFO msg=x\n"],
+            Format.SHORT,
+            id="journalctl -x in a fence: the catalog's lines and the fence do not vote",
+        ),
         pytest.param([b"MODEL=x\n", b"PORT=8000\n"], Format.PLAIN, id="KEY=value lines are not export"),
         pytest.param(
             [b'{"timestamp":"2026-11-29T12:00:01.118245Z","level":"INFO","fields":{"message":"Args"},"target":"t"}\n'],

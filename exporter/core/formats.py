@@ -66,6 +66,8 @@ COMPOSE_BYTES = re.compile(COMPOSE.pattern.encode())  # lines.COMPOSE: `docker c
 FIELD_NAME = re.compile(rb"[A-Z_][A-Z0-9_]{0,63}")
 # journalctl's "-- Boot … --", "-- No entries --", "-- Logs begin at … --" lines
 SEPARATOR = re.compile(rb"-- .* --")
+# journalctl -x's explanatory catalog lines (`░░ Subject: …`), and a markdown fence around a pasted log
+SAYS_NOTHING = ("░░".encode(), b"```", b"~~~")
 
 _ZONE = rb"(Z|[+-]\d\d:?\d\d)"
 _FRACTION = rb"(?:[.,](\d{1,9}))?"
@@ -216,8 +218,9 @@ _PRIORITY = (
 
 
 def _classify(line: bytes) -> Format | None:
-    """Which format one line looks like; None for lines that say nothing (blank, separators, indented)."""
-    if not line.strip() or line[:1] in b" \t" or SEPARATOR.fullmatch(line[:HEAD]):
+    """Which format one line looks like; None for lines that say nothing (blank, separators, indented,
+    journalctl -x's catalog text, a markdown fence around a paste)."""
+    if not line.strip() or line[:1] in b" \t" or SEPARATOR.fullmatch(line[:HEAD]) or line.startswith(SAYS_NOTHING):
         return None
     if line[:1] in (b"{", b"\x1e"):
         try:
