@@ -2,7 +2,7 @@
 
 Fixtures live in tests/grammars/<engine>/<family>.log, one directory per grammar in grammar.ENGINES. Each
 fixture line is `EXPECTATION | RAW LINE`. EXPECTATION is `-` (no rule matches) or space-separated
-`key=value` items: `phase=`, `reason=`, `fatal=true`, `heartbeat=true`, `model=`, `engine_version=` and
+`key=value` items: `phase=`, `reason=`, `fatal=true`, `heartbeat=true`, `begins=true`, `model=`, `engine_version=` and
 engine values named as in grammar.VALUES, in base units (`model_weights_bytes=8066163330.2528`); a progress
 record's report as `progress=DONE/TOTAL` (a fraction is `progress=0.52/1`), `item=` (what it counts) and
 `remaining=` (the seconds the engine says are left), each absent when the report has none. One item
@@ -35,7 +35,7 @@ GRAMMARS: dict[str, Grammar] = dict(grammar.load_all())
 # Engines whose logs hold no `\r`-redrawn bar at all: TGI's launcher re-logs its shards' output line by
 # line, Ollama's daemon and runners log with slog, and the fallback knows no engine.
 NO_REDRAW = frozenset({"tgi", "ollama", "generic"})
-FLAGS = ("fatal", "heartbeat", "repeat")
+FLAGS = ("fatal", "heartbeat", "begins", "repeat")
 PROGRESS = ("progress", "item", "remaining")
 
 
@@ -45,6 +45,7 @@ class Expected:
     reason: Reason | None = None
     fatal: bool = False
     heartbeat: bool = False
+    begins: bool = False  # the engine's first word: after a settled start, the next begins
     repeat: bool = False  # fixture-only: a marker printed again after a later phase
     info: dict[str, str] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
@@ -90,6 +91,7 @@ def _expectation(text: str, where: str) -> Expected | None:
         reason=Reason(seen["reason"]) if "reason" in seen else None,
         fatal="fatal" in seen,
         heartbeat="heartbeat" in seen,
+        begins="begins" in seen,
         repeat="repeat" in seen,
         info={k: v for k, v in seen.items() if k in INFO},
         values={k: float(v) for k, v in seen.items() if k in VALUES},
@@ -141,8 +143,8 @@ def test_line(case: Case) -> None:
         assert found is None, f"expected no match, got {found}"
         return
     assert found is not None, "expected a match, no rule matched"
-    got = (found.phase, found.reason, found.fatal, found.heartbeat)
-    assert got == (expected.phase, expected.reason, expected.fatal, expected.heartbeat)
+    got = (found.phase, found.reason, found.fatal, found.heartbeat, found.begins)
+    assert got == (expected.phase, expected.reason, expected.fatal, expected.heartbeat, expected.begins)
     assert dict(found.info) == expected.info
     assert set(found.values) == set(expected.values)
     assert dict(found.values) == pytest.approx(expected.values)

@@ -514,3 +514,44 @@ def test_where_a_silent_unit_is_stuck_groups_its_ranks():
     assert "storage" in stuck.waiting_for("folio_wait_bit_common")
     assert stuck.where(state, Verdict.PROGRESSING, 400, STACKS) == ()  # a unit that speaks is stuck nowhere
     assert stuck.where(state, Verdict.STALLED, 390 + 60 + 7, STACKS) == ()  # an old look says nothing
+
+
+# A log that holds several starts with nothing between them (`docker logs` of a container that
+# restarted, a plain file): the engine's first word after a start that settled begins the next one.
+READY_LINE = "INFO:     Application startup complete."
+FIRST_WORD = "INFO 10-21 09:20:04 [api_server.py:1839] vLLM API server version 0.11.0"
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+
+
+@pytest.mark.parametrize(
+    ("observations", "attempts", "phase", "startups"),
+    [
+        pytest.param([line(1, FIRST_WORD), line(30, READY_LINE), line(90, FIRST_WORD)], 2, Phase.LAUNCHING,
+                     {Outcome.READY: 1}, id="ready, then the first word again: a second start, the first stays ready"),
+        pytest.param([line(1, FIRST_WORD), line(20, OOM), line(21, "Traceback (most recent call last):"),
+                      line(22, "RuntimeError: Engine core initialization failed. See root cause above."),
+                      line(40, FIRST_WORD)], 2, Phase.LAUNCHING,
+                     {Outcome.FAILED: 1}, id="failed, then the first word again: the restart is a start of its own"),
+        pytest.param([line(1, FIRST_WORD), line(2, FIRST_WORD), line(30, READY_LINE)], 1, Phase.READY,
+                     {Outcome.READY: 1}, id="the first word twice before the start settled: one start"),
+        pytest.param([line(1, FIRST_WORD), line(30, READY_LINE), line(31, "INFO 10-21 09:12:04 [api_server.py:1] "
+                      "Starting vLLM API server 0 on http://0.0.0.0:8000")], 1, Phase.READY,
+                     {Outcome.READY: 1}, id="any other launching line after ready: still the one start"),
+    ],
+)
+def test_the_engines_first_word_after_a_settled_start_begins_the_next(observations, attempts, phase, startups):
+    state = fold(observations)
+    assert state.phase is phase
+    assert (state.previous is not None) == (attempts == 2)
+    assert state.startups == startups
+
+
+def test_a_runners_first_word_inside_a_daemon_begins_nothing():
+    """Ollama's runner prints llama.cpp's `build:` as it loads a model: the daemon did not start again."""
+    ollama = grammar.load("ollama")
+    lines = ['time=2025-07-24T09:28:51.300Z level=INFO source=routes.go:1235 msg="server config" env="map[]"',
+             'time=2025-07-24T09:28:51.310Z level=INFO source=routes.go:1288 msg="Listening on [::]:11434 (version 0.11.4)"',
+             "build: 5505 (9065ca71) with cc (Debian 12.2.0-14+deb12u1) 12.2.0 for x86_64-linux-gnu"]
+    state = functools.reduce(lambda s, obs: advance(s, obs, ollama, LIMITS),
+                             [line(t, text) for t, text in enumerate(lines, 1)], UnitState(U))
+    assert state.phase is Phase.READY and state.previous is None

@@ -65,6 +65,10 @@ class Rule:
     cache: str | None = None  # "cold" or "warm": whether the engine compiles or reuses a compile cache
     # The phase says where the start was (a traceback's frame, a worker's tag), not that it went on.
     where: bool = False
+    # The engine prints this once, as its process starts (vLLM's `vLLM API server version`, Ollama's
+    # `server config`): after a start that has settled, it is the next start, in a log that holds
+    # several with nothing else between them (`docker logs` of a container that restarted, a plain file).
+    begins: bool = False
     # A line in a failure's words that is no failure (NCCL's warnings): it stops the search, so that no
     # failure rule after it reads it.
     benign: bool = False
@@ -102,6 +106,7 @@ class Match:
     values: Mapping[str, float] = field(default_factory=frozen_map)
     progress: Report | None = None
     where: bool = False
+    begins: bool = False
 
     @property
     def moves_on(self) -> bool:
@@ -129,7 +134,7 @@ class Grammar:
         """For each rule that reads no value, the Match it always gives; None for the others."""
         return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache,
                                                              progress=Report(1.0, 1.0, r.item) if r.complete else None,
-                                                             where=r.where)
+                                                             where=r.where, begins=r.begins)
                      for r in self.rules)
 
     @functools.cached_property
@@ -181,6 +186,7 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
             heartbeat=bool(raw.get("heartbeat", False)),
             cache=_cache(raw.get("cache")),
             where=bool(raw.get("where", False)),
+            begins=bool(raw.get("begins", False)),
             benign=bool(raw.get("benign", False)),
             whole=bool(raw.get("whole", False)),
             item=str(raw.get("item", "")),
@@ -190,6 +196,8 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
         raise ValueError(f"{label}: {error}") from None
     if rule.benign and (rule.phase or rule.reason or rule.heartbeat or rule.cache or pattern.groupindex):
         raise ValueError(f"{label}: a benign rule reads nothing from the line")
+    if rule.begins and (rule.reason or rule.heartbeat or rule.where or (rule.phase not in (None, Phase.LAUNCHING))):
+        raise ValueError(f"{label}: a rule that begins a start is the engine's first word, launching at most")
     progress = {}
     for group in pattern.groupindex:
         name, _, unit = group.partition("__")
@@ -220,7 +228,9 @@ def load(engine: str) -> Grammar:
 
     An embedded engine's lines say where its part of the start is and why it fails, but not whether
     the whole is ready or has given up: the outer engine says that (an Ollama runner's failure leaves
-    the daemon serving), so its ready rules are left out and its fatal ones are not fatal here.
+    the daemon serving), so its ready rules are left out and its fatal ones are not fatal here; nor
+    does its first word begin a start (a runner's llama.cpp `build:` line is a model load, not the daemon
+    starting again).
     """
     try:
         text = resources.files("exporter.grammars").joinpath(f"{engine}.toml").read_text("utf-8")
@@ -230,7 +240,8 @@ def load(engine: str) -> Grammar:
     embedded = []
     for name in outer.embeds:
         inner = load(name)
-        embedded += [dataclasses.replace(rule, fatal=False, prefix=rule.prefix or inner.prefix, reads_info=False)
+        embedded += [dataclasses.replace(rule, fatal=False, begins=False, prefix=rule.prefix or inner.prefix,
+                                         reads_info=False)
                      for rule in inner.rules if _says_more_than_info(rule) and rule.phase is not Phase.READY]
     return dataclasses.replace(outer, rules=outer.rules + tuple(embedded)) if embedded else outer
 
@@ -253,7 +264,7 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
     """The first rule that matches the record (after the engine's prefix), with its values.
 
     `settled`: the start is ready, failed or stopping, so no phase marker can change anything; only
-    failures and heartbeats are tried. Failures come first in every grammar, so the first match
+    failures, heartbeats and the engine's first word (which begins the next start) are tried. Failures come first in every grammar, so the first match
     among them is the first match among all. Serving a model prints far more lines than starting
     it: this, and the screen that rules out at once every rule whose literals the record lacks
     (exporter.core.screen), is what keeps those lines cheap.
@@ -264,7 +275,7 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
     message = grammar.message(record)
     for index in candidates:
         rule = grammar.rules[index]
-        if settled and rule.reason is None and not rule.heartbeat and not rule.benign:
+        if settled and rule.reason is None and not rule.heartbeat and not rule.benign and not rule.begins:
             continue
         if found := rule.pattern.search(record if rule.whole else message if rule.prefix is None else _after(rule.prefix, record)):
             if rule.benign:
@@ -284,7 +295,7 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
                 if math.isfinite(value):  # 400 digits of "max model len" is no value at all
                     (progress if name in PROGRESS else values)[name] = value
             return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info),
-                         frozen_map(values), _report(progress, rule), rule.where)
+                         frozen_map(values), _report(progress, rule), rule.where, rule.begins)
     return None
 
 

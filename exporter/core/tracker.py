@@ -171,6 +171,8 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
         state = _begin(state, line.t, line.invocation)
     elif line.invocation and attempt.invocation and line.invocation != attempt.invocation:
         state = _begin(state, line.t, line.invocation)  # systemd started the unit again
+    elif found is not None and found.begins and attempt.phase in SETTLED:
+        state = _begin(state, line.t, line.invocation)  # the engine's first word again: it started again
     elif line.invocation and not attempt.invocation:
         state = evolve(state, attempt=evolve(attempt, invocation=line.invocation))
 
