@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=60.0, help="seconds measured in item 2 (60)")
     parser.add_argument("--scrapes", type=int, default=300, help="scrapes of each /metrics in item 3 (300)")
     parser.add_argument("--restart-lines", type=int, action="append", dest="restart_lines_given",
-                        help="serving lines before a restart in item 5 (repeatable; 1000000 and 10000000)")
+                        help="serving lines before a restart in item 7 (repeatable; default 1000000 and 10000000)")
     args = parser.parse_args(argv)
     args.restart_lines = tuple(args.restart_lines_given or (1_000_000, 10_000_000))
     chosen = args.only or list(BENCHMARKS)

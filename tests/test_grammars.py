@@ -313,6 +313,18 @@ def test_the_fallback_claims_no_process() -> None:
     assert all(GRAMMARS[engine].commands for engine in grammar.ENGINES if engine != "generic")
 
 
+def test_an_embedded_engines_first_word_begins_no_start() -> None:
+    """Triton runs vLLM: vLLM's first word, embedded, is a part of Triton's start, not the next one."""
+    embedded = [
+        rule
+        for outer in GRAMMARS.values()
+        for rule in outer.rules[outer.own:]
+        if any(rule.pattern == r.pattern and r.begins for name in outer.embeds for r in GRAMMARS[name].rules)
+    ]
+    assert embedded, "no engine embeds another's first word: nothing to check"
+    assert not any(rule.begins for rule in embedded)
+
+
 # ---- grammar files that do not load ----
 
 

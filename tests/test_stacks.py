@@ -20,6 +20,7 @@ from exporter.core.model import StackSample
 from exporter.core.stuck import waiting_for
 from exporter.sources import stacks
 from exporter.sources.stacks import DumpFailed, StackSource, dump, find_py_spy, kernel_view, may_ptrace
+from tests.scrape import wait_for
 
 PY_SPY = find_py_spy()
 pytestmark = pytest.mark.skipif(PY_SPY is None, reason="py-spy is a dependency: pip install -e .")
@@ -173,10 +174,7 @@ def test_the_source_thread_looks_without_being_asked_twice(spinner) -> None:
     source.start()
     try:
         source.watch({"u.service": frozenset({spinner.pid})})
-        deadline = time.monotonic() + 10
-        while not source.drain() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert time.monotonic() < deadline, "no look within 10 s"
+        wait_for(source.drain, 10, "a look by the source's own thread", every=0.02)
     finally:
         source.stop()
 

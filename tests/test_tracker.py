@@ -547,7 +547,8 @@ def test_the_engines_first_word_after_a_settled_start_begins_the_next(observatio
 
 
 def test_a_runners_first_word_inside_a_daemon_begins_nothing():
-    """Ollama's runner prints llama.cpp's `build:` as it loads a model: the daemon did not start again."""
+    """Ollama's runner prints llama.cpp's `build:` as it loads a model: the daemon did not start again (that
+    an embedded first word never begins a start is test_grammars' to check; this is the user's view of it)."""
     ollama = grammar.load("ollama")
     lines = ['time=2025-07-24T09:28:51.300Z level=INFO source=routes.go:1235 msg="server config" env="map[]"',
              'time=2025-07-24T09:28:51.310Z level=INFO source=routes.go:1288 msg="Listening on [::]:11434 (version 0.11.4)"',

@@ -423,6 +423,11 @@ class Limits:
     stacks: bool = False  # whether Python stacks are sampled (--collector.stacks)
     stack_every: float = 60.0  # how often a silent unit's processes are looked at
 
+    @property
+    def stack_fresh(self) -> float:
+        """How old a look at a unit's processes may be and still be judged by: the next is due, and late."""
+        return self.stack_every + self.stale
+
 
 @dataclass(frozen=True, slots=True)
 class Span:

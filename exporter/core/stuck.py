@@ -34,7 +34,7 @@ def where(state: UnitState, verdict: Verdict, now: float, limits: Limits) -> tup
     """A silent unit's processes from its last fresh look, in groups that are in the same place, the
     busiest first; () when the unit is not silent or was not looked at lately."""
     sample = state.stacks
-    if verdict not in SILENT or sample is None or now - sample.t > limits.stack_every + limits.stale:
+    if verdict not in SILENT or sample is None or now - sample.t > limits.stack_fresh:
         return ()
     groups: dict[tuple, list[int]] = {}
     first: dict[tuple, tuple[str, str]] = {}

@@ -350,7 +350,7 @@ def _stacks(state: UnitState, sample: StackSample, limits: Limits) -> UnitState:
     its stacks read both times: only then can unchanged stacks say that a busy unit spins."""
     before = state.stacks
     state = evolve(state, stacks=sample)
-    if before is None or sample.t - before.t > limits.stack_every + limits.stale:
+    if before is None or sample.t - before.t > limits.stack_fresh:
         return state  # nothing recent to compare with: the unit spoke in between, or the looks failed
     elapsed = max(sample.t - before.t, 1e-9)
     earlier = {p.pid: p for p in before.processes}
@@ -455,7 +455,7 @@ def assess(state: UnitState, now: float, limits: Limits, ceiling: float | None =
     if not spinning:
         return Verdict.STALLED, "nothing moves"
     compared = state.stacks_compared
-    if limits.stacks and compared is not None and now - compared <= limits.stack_every + limits.stale:
+    if limits.stacks and compared is not None and now - compared <= limits.stack_fresh:
         return Verdict.STALLED, "only CPU moves, and the Python stacks stay the same"
     if limits.stacks:
         return Verdict.UNKNOWN, "only CPU moves, and the busy processes' Python stacks cannot be read"
