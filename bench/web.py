@@ -31,11 +31,10 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import bcrypt
-from prometheus_client import CollectorRegistry
 
 from bench.common import Row, percentile, say
 from exporter.shell import webconfig
-from exporter.shell.collector import SnapshotCollector
+from exporter.shell.exposition import Exposition
 from exporter.shell.http import Server, make_app, serve
 
 PASSWORD = b"s3cret-scrape"
@@ -45,11 +44,9 @@ GUESSERS, HELD = 50, 256
 def _server(folder: Path) -> Server:
     from tests.test_golden import SNAPSHOT  # the hand-made snapshot of the golden files
 
-    registry = CollectorRegistry()
-    registry.register(SnapshotCollector(lambda: SNAPSHOT))
     config = folder / "web.yml"
     config.write_text(f"basic_auth_users:\n  alice: {bcrypt.hashpw(PASSWORD, bcrypt.gensalt(11)).decode()}\n")
-    return serve("127.0.0.1", 0, make_app(registry, lambda: SNAPSHOT), webconfig.load(config))
+    return serve("127.0.0.1", 0, make_app(Exposition(lambda: SNAPSHOT, process=False), lambda: SNAPSHOT), webconfig.load(config))
 
 
 def _request(user: str, password: bytes) -> bytes:

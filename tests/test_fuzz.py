@@ -30,11 +30,10 @@ from typing import Any, Iterator
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.core import formats, grammar, replay, report, tracker
-from exporter.shell.collector import SnapshotCollector
+from exporter.shell.exposition import Exposition
 from exporter.core.formats import Format
 from exporter.core.lines import MAX_RECORD, clean_records, redraw_ages
 from exporter.core.model import (
@@ -533,10 +532,8 @@ def _check_verdict(state: UnitState, now: float, limits: Limits) -> Verdict:
 
 
 def _render(state: UnitState, verdict: Verdict, now: float) -> str:
-    registry = CollectorRegistry()
     snapshot = Snapshot(t=now, wall_offset=1.7e9, units=(UnitView(state, verdict),), stale_after=6.0)
-    registry.register(SnapshotCollector(lambda: snapshot))
-    return generate_latest(registry).decode()
+    return Exposition(lambda: snapshot, process=False)().decode()
 
 
 LIMITS = st.sampled_from([Limits(), Limits(silence=4, stall=8, stale=6), Limits(silence=4, stall=8, stale=6, gpu=False),

@@ -21,7 +21,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.core import landing
@@ -49,7 +48,7 @@ from exporter.core.model import (
     frozen_map,
 )
 from exporter.core.tracker import DURATION_BUCKETS
-from exporter.shell.collector import SnapshotCollector
+from exporter.shell.exposition import Exposition
 from tests.needs import missing
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -199,9 +198,7 @@ SNAPSHOT = Snapshot(
 
 def exposition(snapshot: Snapshot) -> str:
     """What /metrics serves for a snapshot, less the agent's own process metrics (they are the host's)."""
-    registry = CollectorRegistry()
-    registry.register(SnapshotCollector(lambda: snapshot))
-    return generate_latest(registry).decode()
+    return Exposition(lambda: snapshot, process=False)().decode()
 
 
 def check_golden(name: str, rendered: str) -> None:

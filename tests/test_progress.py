@@ -8,7 +8,6 @@ import shutil
 import subprocess
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.core import grammar, progress
@@ -16,7 +15,7 @@ from exporter.core.entries import to_observations
 from exporter.core.model import Expectation, Limits, LogLine, Phase, Snapshot, Span, UnitState, UnitView, Verdict
 from exporter.core.report import status_line, unit_document
 from exporter.core.tracker import advance
-from exporter.shell.collector import SnapshotCollector
+from exporter.shell.exposition import Exposition
 
 U = "vllm.service"
 LIMITS = Limits(silence=60, stall=300)
@@ -185,9 +184,7 @@ def test_json_document_and_metrics():
     assert doc["expected_ready"] == "2023-11-14T22:15:05.000Z"  # 30 + 60 + 10 + 5
     assert doc["expected_remaining_seconds"] == pytest.approx(105 - 17)
 
-    registry = CollectorRegistry()
-    registry.register(SnapshotCollector(lambda: snap))
-    exposition = generate_latest(registry).decode()
+    exposition = Exposition(lambda: snap, process=False)().decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(exposition) for s in f.samples}
     unit = (("unit", U),)
@@ -206,9 +203,7 @@ def test_no_progress_no_series():
     snap = _snapshot(fold([*LOAD, *SHARDS, COMPILE]), 40)
     doc = unit_document(snap.units[0], snap)
     assert (doc["progress"], doc["phase_expected_end"], doc["expected_ready"]) == (None, None, None)
-    registry = CollectorRegistry()
-    registry.register(SnapshotCollector(lambda: snap))
-    text = generate_latest(registry).decode()
+    text = Exposition(lambda: snap, process=False)().decode()
     for name in ("phase_progress_ratio", "phase_progress_done", "phase_progress_target",
                  "phase_expected_end_timestamp_seconds", "startup_expected_ready_timestamp_seconds"):
         assert f"\nllmstartup_{name}{{" not in text, name

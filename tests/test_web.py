@@ -27,7 +27,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from exporter.shell import http as web_http
 from exporter.shell import webconfig
@@ -130,7 +130,7 @@ def pki(tmp_path_factory) -> Pki:
 def _app() -> Callable:
     registry = CollectorRegistry()
     Counter("llmstartup_test_scrapes", "a series for the test to find", registry=registry).inc()
-    return make_app(registry, lambda: Snapshot(time.monotonic(), time.time() - time.monotonic()))
+    return make_app(lambda: generate_latest(registry), lambda: Snapshot(time.monotonic(), time.time() - time.monotonic()))
 
 
 def _server_threads() -> list[threading.Thread]:

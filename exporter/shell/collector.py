@@ -1,4 +1,4 @@
-"""Snapshot → Prometheus metric families, on each scrape; no I/O, no waiting.
+"""Snapshot → Prometheus metric families: the live ones, and those of finished phases and starts.
 
 Example of what it renders for one unit (abridged):
 
@@ -10,7 +10,8 @@ Example of what it renders for one unit (abridged):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -25,10 +26,12 @@ from exporter.core import progress as progresses
 from exporter.core.grammar import VALUES
 from exporter.core.model import (
     STARTUP_ORDER,
+    Expectation,
     Histogram,
     Outcome,
     Phase,
     ProcessState,
+    Reason,
     Signal,
     Snapshot,
     Verdict,
@@ -50,6 +53,8 @@ def _buckets(hist: Histogram) -> list[tuple[str, float]]:
 
 
 class SnapshotCollector(Collector):
+    """The families that change every sample interval: phases, verdicts, signals, samples, sources."""
+
     def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
         self._snapshot = snapshot
 
@@ -79,12 +84,6 @@ class SnapshotCollector(Collector):
         rss = _gauge("process_resident_memory_bytes", "Resident memory of the unit's processes, summed." + CACHED, ["unit"])
         processes = _gauge("processes", "The unit's processes by state." + CACHED, ["unit", "state"])
         gpu_memory = _gauge("gpu_memory_used_bytes", "GPU memory the unit's processes use on each GPU." + CACHED, ["unit", "gpu"])
-        startups = CounterMetricFamily(f"{NS}_startups_total", "Starts of the unit by how they ended.", labels=["unit", "outcome"])
-        failures = CounterMetricFamily(f"{NS}_failures_total", "Failures of the unit by the phase they happened in and why.", labels=["unit", "phase", "reason"])
-        phase_hist = HistogramMetricFamily(f"{NS}_phase_duration_seconds", "How long each startup phase took, once per start.", labels=["unit", "phase"])
-        startup_hist = HistogramMetricFamily(f"{NS}_startup_duration_seconds", "How long starts took, to ready, failure or stop.", labels=["unit", "outcome"])
-        last_phase = _gauge("last_phase_duration_seconds", "How long each phase took the last time the unit passed through it.", ["unit", "phase"])
-        expected = _gauge("expected_phase_duration_seconds", "How long each phase typically takes this unit (the median of its recent ready starts with the same settings).", ["unit", "phase"])
         values = {name: _gauge(name, doc, ["unit"]) for name, doc in VALUES.items()}
         progress_ratio = _gauge("phase_progress_ratio", "How far the current phase is (0-1) by the engine's own progress reports; no series while it reports none.", ["unit"])
         progress_done = _gauge("phase_progress_done", "How many of what the engine counts in the current phase are done (shards, files, bytes).", ["unit", "item"])
@@ -129,22 +128,8 @@ class SnapshotCollector(Collector):
                 for gpu, used in sorted(state.last_gpu.memory.items()):
                     if used is not None:  # unknown is no series, never a 0
                         gpu_memory.add_metric([unit, gpu], used)
-            for outcome in Outcome:
-                startups.add_metric([unit, outcome], state.startups.get(outcome, 0))
-            for (failed_phase, reason), n in sorted(state.failures.items()):
-                failures.add_metric([unit, failed_phase, reason], n)
-            for p in STARTUP_ORDER:
-                if hist := state.phase_durations.get(p):
-                    phase_hist.add_metric([unit, p], _buckets(hist), hist.total)
-                if p in state.last_phase_durations:
-                    last_phase.add_metric([unit, p], state.last_phase_durations[p])
-            for outcome, hist in sorted(state.startup_durations.items()):
-                startup_hist.add_metric([unit, outcome], _buckets(hist), hist.total)
             for name, value in state.values.items():
                 values[name].add_metric([unit], value)
-            if view.expected:
-                for p, span in view.expected.phases.items():
-                    expected.add_metric([unit, p], span.typical)
             if (found := progresses.current(state.attempt)) is not None:
                 progress_ratio.add_metric([unit], found.ratio)
                 if found.item:
@@ -158,8 +143,7 @@ class SnapshotCollector(Collector):
                 stuck_frame.add_metric([unit, *labels], 1)
 
         yield from (info, phase, verdict, startup_start, phase_start, ready_at, last_log, progress)
-        yield from (cpu, suppressed, read, written, rss, processes, gpu_memory, startups, failures)
-        yield from (phase_hist, startup_hist, last_phase, expected, *values.values())
+        yield from (cpu, suppressed, read, written, rss, processes, gpu_memory, *values.values())
         yield from (progress_ratio, progress_done, progress_target, phase_end, ready_expected, stuck_frame)
 
         gpu_info = _gauge("gpu_info", "A GPU the agent sees, by index, with its UUID and name.", ["gpu", "uuid", "name"])
@@ -185,3 +169,55 @@ class SnapshotCollector(Collector):
         )
         restarts.add_metric([], snap.journal_reader_restarts)
         yield from (up, success, restarts)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRecord:
+    """A unit's finished phases and starts, and what its past expects: all that HistoryCollector renders
+    of it, so that equal records render the same lines. They change only when a phase or a start ends."""
+
+    unit: str
+    startups: Mapping[Outcome, int]
+    failures: Mapping[tuple[Phase, Reason], int]
+    phase_durations: Mapping[Phase, Histogram]
+    last_phase_durations: Mapping[Phase, float]
+    startup_durations: Mapping[Outcome, Histogram]
+    expected: Expectation | None
+
+
+def unit_records(snap: Snapshot) -> tuple[UnitRecord, ...]:
+    return tuple(UnitRecord(v.state.unit, v.state.startups, v.state.failures, v.state.phase_durations,
+                            v.state.last_phase_durations, v.state.startup_durations, v.expected) for v in snap.units)
+
+
+class HistoryCollector(Collector):
+    """The families of finished phases and starts (a histogram is 21 lines per unit and phase: over half
+    of the exposition), from the units' records alone."""
+
+    def __init__(self, records: Callable[[], Sequence[UnitRecord]]) -> None:
+        self._records = records
+
+    def collect(self) -> Iterator[Metric]:
+        startups = CounterMetricFamily(f"{NS}_startups_total", "Starts of the unit by how they ended.", labels=["unit", "outcome"])
+        failures = CounterMetricFamily(f"{NS}_failures_total", "Failures of the unit by the phase they happened in and why.", labels=["unit", "phase", "reason"])
+        phase_hist = HistogramMetricFamily(f"{NS}_phase_duration_seconds", "How long each startup phase took, once per start.", labels=["unit", "phase"])
+        startup_hist = HistogramMetricFamily(f"{NS}_startup_duration_seconds", "How long starts took, to ready, failure or stop.", labels=["unit", "outcome"])
+        last_phase = _gauge("last_phase_duration_seconds", "How long each phase took the last time the unit passed through it.", ["unit", "phase"])
+        expected = _gauge("expected_phase_duration_seconds", "How long each phase typically takes this unit (the median of its recent ready starts with the same settings).", ["unit", "phase"])
+        for record in self._records():
+            unit = record.unit
+            for outcome in Outcome:
+                startups.add_metric([unit, outcome], record.startups.get(outcome, 0))
+            for (failed_phase, reason), n in sorted(record.failures.items()):
+                failures.add_metric([unit, failed_phase, reason], n)
+            for p in STARTUP_ORDER:
+                if hist := record.phase_durations.get(p):
+                    phase_hist.add_metric([unit, p], _buckets(hist), hist.total)
+                if p in record.last_phase_durations:
+                    last_phase.add_metric([unit, p], record.last_phase_durations[p])
+            for outcome, hist in sorted(record.startup_durations.items()):
+                startup_hist.add_metric([unit, outcome], _buckets(hist), hist.total)
+            if record.expected:
+                for p, span in record.expected.phases.items():
+                    expected.add_metric([unit, p], span.typical)
+        yield from (startups, failures, phase_hist, startup_hist, last_phase, expected)

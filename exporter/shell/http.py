@@ -1,4 +1,4 @@
-"""HTTP: /metrics from a private registry, the landing page and /api/v1/units, behind TLS and basic auth."""
+"""HTTP: /metrics, the landing page and /api/v1/units, behind TLS and basic auth."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 import bcrypt
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from exporter.core import landing
 from exporter.core.model import Snapshot
@@ -62,27 +62,8 @@ STATUS_TEXT = {400: "Bad Request", 401: "Unauthorized", 431: "Request Header Fie
                500: "Internal Server Error", 503: "Service Unavailable"}
 
 
-class _Rendered:
-    """The exposition rendered once per snapshot: the snapshot changes once a sample interval, and
-    rendering costs milliseconds (prometheus_client escapes every label of every sample), so every
-    scrape between two ticks gets the same bytes."""
-
-    def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], Snapshot]) -> None:
-        self._registry, self._snapshot = registry, snapshot
-        self._key: Snapshot | None = None
-        self._body = b""
-        self._lock = threading.Lock()
-
-    def __call__(self) -> bytes:
-        snap = self._snapshot()
-        with self._lock:
-            if snap is not self._key:
-                self._body, self._key = generate_latest(self._registry), snap
-            return self._body
-
-
-def make_app(registry: CollectorRegistry, snapshot: Callable[[], Snapshot]) -> App:
-    rendered = _Rendered(registry, snapshot)
+def make_app(metrics: Callable[[], bytes], snapshot: Callable[[], Snapshot]) -> App:
+    """The app: /metrics is `metrics()` (an Exposition), the rest renders `snapshot()`."""
 
     def app(environ: dict, start_response: StartResponse) -> Iterable[bytes]:  # type: ignore[type-arg]
         path, method = environ.get("PATH_INFO", "/"), environ.get("REQUEST_METHOD", "GET")
@@ -94,7 +75,7 @@ def make_app(registry: CollectorRegistry, snapshot: Callable[[], Snapshot]) -> A
             return [b"method not allowed\n"]
         if path == "/metrics":  # HEAD as GET: the server drops the body
             start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
-            return [rendered()]
+            return [metrics()]
         snap = snapshot()
         if path == "/api/v1/units":
             start_response("200 OK", [("Content-Type", "application/json")])

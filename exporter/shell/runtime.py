@@ -1,4 +1,4 @@
-"""Wires one running agent: sources, agent loop, private registry and HTTP server; and stops it."""
+"""Wires one running agent: sources, agent loop, its exposition and HTTP server; and stops it."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, ProcessCollector
-
 from exporter.core.config import Config
 from exporter.shell import webconfig
 from exporter.shell.agent import Agent, boot_id
-from exporter.shell.collector import SnapshotCollector
+from exporter.shell.exposition import Exposition
 from exporter.shell.history import History, HistoryError
 from exporter.shell.http import Server, make_app, serve
 from exporter.shell.recorder import HistoryRecorder
@@ -67,9 +65,6 @@ class Runtime:
         stacks = StackSource(config.interval, config.stack_every, python=config.stacks)
         agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, recorder, restored=known if resume else None,
                       containers=containers, stacks=stacks)
-        registry = CollectorRegistry()
-        registry.register(SnapshotCollector(lambda: agent.snapshot))
-        ProcessCollector(namespace="llmstartup_exporter", registry=registry)
         journal.start()
         if gpu:
             gpu.start()
@@ -80,7 +75,7 @@ class Runtime:
             # already says where each unit is.
             agent.warm_up()
             if http:
-                server = serve(*config.listen, make_app(registry, lambda: agent.snapshot), web)
+                server = serve(*config.listen, make_app(Exposition(lambda: agent.snapshot), lambda: agent.snapshot), web)
                 scheme = "https" if web and web.tls else "http"
                 logger.info("serving on %s://%s:%d/metrics", scheme, *config.listen)
         except (OSError, webconfig.WebConfigError) as error:
