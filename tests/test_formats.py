@@ -447,6 +447,13 @@ def test_plain_vllm_details() -> None:
         pytest.param(b"  File \"/app/x.py\", line 1, in <module>", None, id="traceback"),
         pytest.param(b"INFO:     Application startup complete.", None, id="bare uvicorn"),
         pytest.param(b"INFO 13-45 12:00:01 [x.py:1] bad date", None, id="impossible date"),
+        pytest.param(b"Loading safetensors checkpoint shards: 100% Completed | 4/4 [00:40<00:00, 10.00s/it]\rINFO 11-29 "
+                     b"12:00:50 [loader.py:447] Loading weights took 45.00 seconds", (2026, 11, 29, 12, 0, 50),
+                     id="a dated line glued on after a bar's redraws"),
+        pytest.param(b"Capturing batches (bs=1):   0%|          | 0/35 [00:00<?, ?it/s]\rCapturing batches (bs=1): 100%|"
+                     b"##########| 35/35 [00:10<00:00]", None, id="a bar's redraws alone"),
+        pytest.param(b"INFO 11-29 12:00:01 [x.py:1] first\rINFO 11-29 12:00:50 [x.py:1] second", (2026, 11, 29, 12, 0, 1),
+                     id="a dated line's own time first"),
     ],
 )
 def test_plain_timestamps(line: bytes, want: tuple | None) -> None:

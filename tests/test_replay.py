@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import subprocess
@@ -167,7 +168,7 @@ def replayed(text: str, unit: str = "pasted.service", year: int = 2025) -> list[
     from exporter.core.model import Limits
     from exporter.core.replay import Replay, document
 
-    lines = text.encode().splitlines(keepends=True)
+    lines = io.BytesIO(text.encode()).readlines()  # lines end at \n only, as replay reads a file: a \r is a redraw
     run = Replay(None, Limits(silence=60.0))
     run.feed(formats.entries(lines, formats.detect(lines[:50]), unit=unit, year=year))
     return [document(r) for r in run.results()]
@@ -229,6 +230,20 @@ def test_a_log_without_any_time_has_no_durations():
     [doc] = replayed("Loading safetensors checkpoint shards: 100% Completed | 5/5\nINFO:     Application startup complete.\n")
     assert doc["startup_seconds"] is None
     assert {p["duration_seconds"] for p in doc["phases"]} == {None}
+
+
+def test_a_line_glued_on_after_a_bar_dates_the_bar():
+    # a paste of a terminal: the bar's last redraw and the next line on one line; that line's time is when
+    # the bar ended, and its redraws are dated back from it, so loading began 40 s before that
+    text = ("INFO 03-27 10:29:00 [loader.py:1] Starting to load model Qwen/Qwen2-7B...\n"
+            "Loading safetensors checkpoint shards:   0% Completed | 0/4 [00:00<?, ?it/s]\r"
+            "Loading safetensors checkpoint shards: 100% Completed | 4/4 [00:40<00:00, 10.00s/it]\r"
+            "INFO 03-27 10:29:45 [loader.py:447] Loading weights took 45.00 seconds\n"
+            "INFO 03-27 10:30:30 [gpu_model_runner.py:1] Graph capturing finished in 5 secs\n")
+    [doc] = replayed(text)
+    assert [(p["phase"], p["duration_seconds"]) for p in doc["phases"]] == [
+        ("launching", 0.0), ("downloading", 5.0), ("loading_weights", 85.0), ("capturing_graphs", 0.0)]
+    assert doc["silent_gaps"] == []  # before, the bar and the glued line took the time before them: 90 s of silence
 
 
 def test_a_bar_dated_back_does_not_start_before_the_log():

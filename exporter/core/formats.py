@@ -713,7 +713,7 @@ def _plain(
         if not line.strip():
             continue
         line, fields = _service(line, unit)
-        t = _plain_time(line, years, tz)
+        t = _plain_time(line, years, tz) or _glued_time(line, years, tz)
         if unit and COMMAND.match(line):
             yield t, _pid1(unit, MessageId.UNIT_STARTED, line)
             output = False
@@ -772,6 +772,15 @@ def _clock_in_head(lines: Iterable[bytes], unit: str) -> tuple[Iterable[bytes], 
         if year is not None and zone is not None:
             break
     return itertools.chain(head, rest), _Printed(year, zone)
+
+
+def _glued_time(line: bytes, years: _Years, tz: tzinfo | None) -> float | None:
+    """The time of a dated line glued on after a bar's last \r redraw (a paste of a terminal's stdout and
+    stderr): the whole line was written then, and the bar's redraws are dated back from it."""
+    for part in reversed(line.split(b"\r")[1:]):
+        if (t := _plain_time(part, years, tz)) is not None:
+            return t
+    return None
 
 
 def _plain_time(line: bytes, years: _Years, tz: tzinfo | None) -> float | None:
