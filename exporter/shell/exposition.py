@@ -12,11 +12,11 @@ from exporter.shell.collector import HistoryCollector, SnapshotCollector, UnitRe
 
 
 class Exposition:
-    """Rendering costs milliseconds (prometheus_client escapes every label of every sample), so it is done
-    once per snapshot, not per scrape: every scrape between two ticks gets the same bytes. Of that, the
-    families of finished phases and starts (over half the lines) are rendered again only when a unit's
-    record changed, that is when one of its phases or starts ended. `process`: with the agent's own
-    process metrics (prometheus_client's ProcessCollector), read at each rendering."""
+    """What /metrics serves, called per scrape. Rendering costs milliseconds (prometheus_client escapes
+    every label of every sample), so it is done once per snapshot: every scrape between two ticks gets the
+    same bytes. Of that, the families of finished phases and starts (over half the lines) are rendered
+    again only when a unit's record changed, that is when one of its phases or starts ended. `process`:
+    with the agent's own process metrics (prometheus_client's ProcessCollector), read at each rendering."""
 
     def __init__(self, snapshot: Callable[[], Snapshot], process: bool = True) -> None:
         self._snapshot = snapshot
