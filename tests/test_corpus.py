@@ -140,7 +140,6 @@ def test_every_case_is_read_right(request):
     )
 
 
-
 def test_a_case_replay_finds_nothing_in_is_a_miss_that_says_why(tmp_path):
     log = tmp_path / "vllm" / "no-markers.log"
     log.parent.mkdir()

@@ -15,15 +15,16 @@ from tests.test_golden import SNAPSHOT
 Change = Callable[[Snapshot], Snapshot]
 
 
+def _view(snap: Snapshot, index: int, **changes: object) -> Snapshot:
+    """The snapshot with its unit `index` published otherwise."""
+    units = list(snap.units)
+    units[index] = replace(units[index], **changes)
+    return replace(snap, units=tuple(units))
+
+
 def _unit(index: int, **changes: object) -> Change:
     """A change to the state of the snapshot's unit `index`."""
-
-    def change(snap: Snapshot) -> Snapshot:
-        units = list(snap.units)
-        units[index] = replace(units[index], state=replace(units[index].state, **changes))
-        return replace(snap, units=tuple(units))
-
-    return change
+    return lambda snap: _view(snap, index, state=replace(snap.units[index].state, **changes))
 
 
 def _later(snap: Snapshot) -> Snapshot:
@@ -50,9 +51,7 @@ def _start_ended(snap: Snapshot) -> Snapshot:
 
 
 def _learned(snap: Snapshot) -> Snapshot:
-    units = list(snap.units)
-    units[3] = replace(units[3], expected=Expectation(frozen_map({Phase.LOADING_WEIGHTS: Span(100.0, 130.0, 4)})))
-    return replace(snap, units=tuple(units))
+    return _view(snap, 3, expected=Expectation(frozen_map({Phase.LOADING_WEIGHTS: Span(100.0, 130.0, 4)})))
 
 
 def _unit_gone(snap: Snapshot) -> Snapshot:

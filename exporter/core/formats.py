@@ -713,7 +713,9 @@ def _plain(
         if not line.strip():
             continue
         line, fields = _service(line, unit)
-        t = _plain_time(line, years, tz) or _glued_time(line, years, tz)
+        t = _plain_time(line, years, tz)
+        if t is None:
+            t = _glued_time(line, years, tz)
         if unit and COMMAND.match(line):
             yield t, _pid1(unit, MessageId.UNIT_STARTED, line)
             output = False

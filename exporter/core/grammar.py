@@ -265,9 +265,9 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
 
     `settled`: the start is ready, failed or stopping, so no phase marker can change anything; only
     failures, heartbeats and the engine's first word (which begins the next start) are tried. Failures
-    come first in every grammar, so the first match among them is the first match among all. Serving a model prints far more lines than starting
-    it: this, and the screen that rules out at once every rule whose literals the record lacks
-    (exporter.core.screen), is what keeps those lines cheap.
+    come first in every grammar, so the first match among them is the first match among all. Serving a
+    model prints far more lines than starting it: this, and the screen that rules out at once every rule
+    whose literals the record lacks (exporter.core.screen), is what keeps those lines cheap.
     """
     candidates = [i for i in grammar.candidates(record) if i < len(grammar.rules)]
     if not candidates:
