@@ -138,7 +138,8 @@ class Node:
         running = RunningContainer(container_id, scope, log, shim, restart, uid, names=(namespace, pod, container),
                                    cgroups=created)
         self.started.append(running)
-        poll(lambda: log.exists() and _pids(scope), 10, "the container to run")
+        # started: its processes are in the scope, or a container that ends at once has already ended
+        poll(lambda: log.exists() and (_pids(scope) or shim.poll() is not None), 10, "the container to run")
         return running
 
     def restart(self, previous: RunningContainer, argv: list[str]) -> RunningContainer:
@@ -220,11 +221,17 @@ class Node:
         else:
             output = ["--journald", str(journal_socket), "--name", json.loads((directory / "config.v2.json").read_text())["Name"][1:],
                       "--id", container_id]
+        started_before = self._docker_state(directory)["StartedAt"]
         shim = self._shim([*output, "--docker-config", str(directory)], scope, argv)
         running = RunningContainer(container_id, scope, log, shim, restart, directory=directory, cgroups=created)
         self.started.append(running)
-        poll(lambda: json.loads((directory / "config.v2.json").read_text())["State"]["Running"], 10, "dockerd's state")
+        # dockerd's StartedAt of this run: "Running" alone may already be false again for a container that ends at once
+        poll(lambda: self._docker_state(directory)["StartedAt"] != started_before, 10, "dockerd's state")
         return running
+
+    @staticmethod
+    def _docker_state(directory: Path) -> dict:
+        return json.loads((directory / "config.v2.json").read_text())["State"]
 
     # --- both ---
 
