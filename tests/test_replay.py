@@ -213,6 +213,19 @@ def test_pasted_shapes(text, want):
     assert {key: doc[key] for key in want} == want
 
 
+def test_kubectl_logs_prefix_makes_each_pods_container_a_unit():
+    # `kubectl logs -l app=vllm --prefix --timestamps`: two replicas' lines interleaved, each `[pod/NAME/CONTAINER] `
+    text = ("[pod/vllm-0/vllm] 2026-01-11T01:40:02Z (APIServer pid=1) INFO 01-11 01:40:02 [api_server.py:1] vLLM API server version 0.13.0\n"
+            "[pod/vllm-1/vllm] 2026-01-11T01:40:03Z (APIServer pid=1) INFO 01-11 01:40:03 [api_server.py:1] vLLM API server version 0.13.0\n"
+            "[pod/vllm-0/vllm] 2026-01-11T01:41:10Z (Worker_TP0 pid=7) INFO 01-11 01:41:10 [loader.py:1] Loading weights took 60.00 seconds\n"
+            "[pod/vllm-1/vllm] 2026-01-11T01:41:12Z (APIServer pid=1) INFO:     Application startup complete.\n")
+    docs = {doc["unit"]: doc for doc in replayed(text)}
+    assert {unit: (doc["engine"], doc["outcome"], doc["last_phase"], doc["startup_seconds"]) for unit, doc in docs.items()} == {
+        "vllm-0/vllm.service": ("vllm", "incomplete", "loading_weights", 68.0),
+        "vllm-1/vllm.service": ("vllm", "ready", "ready", 69.0),
+    }
+
+
 def test_lines_without_a_time_take_their_neighbours():
     text = ("```\n"  # before any time: the first line that has one
             "INFO 03-27 10:29:00 [api_server.py:1] vLLM API server version 0.8.5\n"

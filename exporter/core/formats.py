@@ -63,6 +63,7 @@ MAX_FIELD = 64 * 1024 * 1024  # a binary export field longer than this is taken 
 MIN_TIME, MAX_TIME = -62135596800.0 + 86400, 253402300799.0 - 86400
 ANSI_BYTES = re.compile(ANSI.pattern.encode())  # lines.ANSI, for raw bytes
 COMPOSE_BYTES = re.compile(COMPOSE.pattern.encode())  # lines.COMPOSE: `docker compose logs`' `service  | `
+KUBECTL_PREFIX = re.compile(rb"\[pod/([^/\]\s]+/[^/\]\s]+)\] ")  # `kubectl logs --prefix`: `[pod/NAME/CONTAINER] `
 FIELD_NAME = re.compile(rb"[A-Z_][A-Z0-9_]{0,63}")
 # journalctl's "-- Boot … --", "-- No entries --", "-- Logs begin at … --" lines
 SEPARATOR = re.compile(rb"-- .* --")
@@ -581,10 +582,11 @@ def _docker(lines: Iterable[bytes], unit: str) -> Iterator[tuple[float | None, F
 
 
 def _service(line: bytes, unit: str) -> tuple[bytes, Fields]:
-    """A `docker compose logs` line is its service's: the line without its `service  | `, and the fields
-    that name the service (its syslog identifier, as journalctl's short formats name a process)."""
+    """A `docker compose logs` line is its service's, and a `kubectl logs --prefix` line its pod's container's:
+    the line without its `service  | ` or `[pod/NAME/CONTAINER] `, and the fields that name the service
+    or `NAME/CONTAINER` (its syslog identifier, as journalctl's short formats name a process)."""
     head = ANSI_BYTES.sub(b"", line[:HEAD]) if b"\x1b" in line[:HEAD] else line[:HEAD]
-    if found := COMPOSE_BYTES.match(head):
+    if found := COMPOSE_BYTES.match(head) or KUBECTL_PREFIX.match(head):
         return head[found.end():] + line[HEAD:], {"SYSLOG_IDENTIFIER": _text(found.group(1))}
     return line, {"_SYSTEMD_UNIT": unit} if unit else {}
 
