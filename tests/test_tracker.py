@@ -277,6 +277,16 @@ def test_a_heartbeat_line_is_no_progress():
     assert judge(state, 400, LIMITS) is Verdict.STALLED
 
 
+def test_vllms_broadcast_wait_is_no_progress():
+    # the EngineCore prints it every 60 s while its workers take nothing, in a long compile or a hang alike:
+    # a hang that prints it is not progressing, and nothing else moving makes it stalled
+    wait = "(EngineCore_DP0 pid=11) INFO 10-21 09:14:25 [shm_broadcast.py:542] No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization)."
+    waits = [x for t in range(80, 501, 60) for x in (procs(t, 10, cpu=30), line(t + 1, wait))]
+    state = fold([*TO_COMPILE, *waits, procs(505, 10, cpu=30)])
+    assert judge(state, 505, LIMITS) is Verdict.STALLED
+    assert state.phase is Phase.COMPILING
+
+
 def test_the_attempt_keeps_its_timeline_and_silences():
     state = fold([*TO_COMPILE, line(200, "torch.compile takes 179.0 s in total"), line(201, "INFO:     Application startup complete.")])
     assert [p for p, _ in state.attempt.spans] == [
