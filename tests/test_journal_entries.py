@@ -125,6 +125,8 @@ def test_a_huge_line_is_cut_before_matching():
                      id="colours that lost their ESC"),
         pytest.param("INFO text_generation_router: router/src/[main.rs:329:](http://main.rs/x) Connected",
                      "INFO text_generation_router: router/src/main.rs:329: Connected", id="a link a forum made of a file name"),
+        pytest.param("[[2025-11-19 14](tel:2025-11-19 14):41:27] INFO:     Started server process [1]",
+                     "[2025-11-19 14:41:27] INFO:     Started server process [1]", id="a phone's tel: link around a date and hour"),
         pytest.param("`2024-09-23T12:00:00Z INFO x`", "2024-09-23T12:00:00Z INFO x", id="stray backticks"),
         pytest.param("| Model | Version | Status |", "| Model | Version | Status |", id="Triton's own table stays"),
         pytest.param("Loading safetensors checkpoint shards:  16% Completed | 6/37 [00:01<00:07,  3.95it/s]",

@@ -203,6 +203,15 @@ VLLM_OOM_TAIL = """\
         pytest.param("$ ./llama-server -m m.gguf\nllama_model_loader: loaded meta data with 25 key-value pairs and 579 tensors from m.gguf\n$\n",
                      {"outcome": "failed", "failure_reason": "exited", "from_start": True},
                      id="a pasted terminal: the prompt came back mid-load"),
+        pytest.param("(sglang) root@gpu-3:~/sglang# python3 -m sglang.launch_server --model Qwen/Qwen3.5-4B\n"
+                     "[2026-05-22 15:58:14] Warning: You are sending unauthenticated requests to the HF Hub.\n",
+                     {"engine": "sglang", "outcome": "incomplete", "last_phase": "launching", "from_start": True},
+                     id="a pasted command (after a conda env's prompt) that runs the engine is its start"),
+        pytest.param("[2025-11-19 14:41:27] INFO:     Started server process [1]\n"
+                     "[2025-11-19 14:41:27] Using default chat sampling params from model generation config: {'top_k': 20}\n"
+                     "[2025-11-19 14:41:27] INFO:     Application startup complete.\n",
+                     {"engine": "sglang", "outcome": "incomplete", "last_phase": "starting_api"},
+                     id="uvicorn's lines after SGLang's own words are SGLang's: not ready before its warm-up"),
         pytest.param("INFO 07-16 05:15:18 [gpu_model_runner.py:2] Graph capturing finished in **17 secs**, took **0.55** GiB\n",
                      {"values": {"engine_graph_capture_seconds": 17.0, "graph_memory_bytes": 0.55 * 2**30}},
                      id="markdown around the numbers"),

@@ -591,9 +591,10 @@ def _service(line: bytes, unit: str) -> tuple[bytes, Fields]:
     return line, {"_SYSTEMD_UNIT": unit} if unit else {}
 
 
-# A terminal session pasted whole: `$ ./llama-server -m …` (or `user@host:/dir# …`) starts the process,
-# and a prompt alone after its output says it has ended, how it does not say.
-PROMPT = rb"(?:\$|[\w.-]+@[\w.-]+(?::[^\s$#]*)?[$#])"
+# A terminal session pasted whole: `$ ./llama-server -m …` (or `user@host:/dir# …`, after a conda or venv
+# environment's `(name) `) starts the process, and a prompt alone after its output says it has ended, how
+# it does not say.
+PROMPT = rb"(?:\([\w.-]+\) )?(?:\$|[\w.-]+@[\w.-]+(?::[^\s$#]*)?[$#])"
 COMMAND = re.compile(PROMPT + rb" +\S")
 PROMPT_ALONE = re.compile(PROMPT + rb"\s*")
 # --- container runtimes' log files --------------------------------------------------------------

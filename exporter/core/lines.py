@@ -11,7 +11,8 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # runs `docker compose up`), markdown quotes, a terminal's box borders (k9s, rich), stray backticks,
 # Ray's `[repeated 30x across cluster]`, markdown emphasis (`in **17 secs**`) and links a forum made of
 # file names (`[main.rs:329:](http://main.rs/…)`), and colour codes that lost their ESC on the way
-# (`[1;36m`, CloudWatch's `#033[2m`, a pager's `^[[0m`). Left on, these break every anchored rule
+# (`[1;36m`, CloudWatch's `#033[2m`, a pager's `^[[0m`), and a phone's `tel:` links around a date and hour
+# (`[[2025-11-19 14](tel:2025-11-19 14):41:27]`). Left on, these break every anchored rule
 # (`^Connected$`) and every number a rule reads.
 COMPOSE = re.compile(r"([A-Za-z0-9][\w.-]*) +\| ?")
 # A program that runs the engine and logs its output through its own logger: Python's logging with
@@ -23,7 +24,7 @@ WRAPPER = re.compile(
 FRAMING_HEAD = re.compile(r"(?:>[ \t]*)+(?:\|[ \t]*)?|│[ \t]*|`+[ \t]*")  # a quoted table's `>   | ` too
 FRAMING_TAIL = re.compile(r"[ \t]*(?:(?:│|`+)[ \t]*$|\[repeated \d+x across cluster\].*$)")
 EMPHASIS_OR_COLOUR = re.compile(r"\*\*|(?:#033|\^\[)\[[0-9;]*[A-Za-z]|\[\d+(?:;\d+)*m")
-LINK = re.compile(r"\[([^\]]*)\]\(https?://[^)]*\)")
+LINK = re.compile(r"\[([^\]]*)\]\((?:https?://|tel:)[^)]*\)")
 
 
 def unframe(record: str) -> str:
@@ -42,6 +43,7 @@ def unframe(record: str) -> str:
         or record[-1:] in "│`"
         or "x across cluster" in record
         or "](http" in record
+        or "](tel:" in record
         or " - " in record[:100]
     ):
         return record
