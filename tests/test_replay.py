@@ -212,6 +212,12 @@ VLLM_OOM_TAIL = """\
                      "[2025-11-19 14:41:27] INFO:     Application startup complete.\n",
                      {"engine": "sglang", "outcome": "incomplete", "last_phase": "starting_api"},
                      id="uvicorn's lines after SGLang's own words are SGLang's: not ready before its warm-up"),
+        pytest.param("(Worker pid=7) (Worker_DP0_EP0 pid=7) 2026-03-13 12:01:42,816 - WARNING - autotuner.py:490 - flashinfer.jit: "
+                     "[Autotuner]: Skipping tactic at /opt/flashinfer/trtllm_fused_moe_routing_renormalize.cu:1\n"
+                     "(Worker pid=7) (Worker_DP0_EP0 pid=7) 2026-03-13 12:01:42,820 - INFO - autotuner.py:262 - flashinfer.jit: "
+                     "[Autotuner]: Autotuning process ends\n",
+                     {"engine": "vllm", "last_phase": "warming_up"},
+                     id="vLLM's worker tags name vLLM; FlashInfer's trtllm_ kernels are not TensorRT-LLM's server"),
         pytest.param("INFO 07-16 05:15:18 [gpu_model_runner.py:2] Graph capturing finished in **17 secs**, took **0.55** GiB\n",
                      {"values": {"engine_graph_capture_seconds": 17.0, "graph_memory_bytes": 0.55 * 2**30}},
                      id="markdown around the numbers"),
