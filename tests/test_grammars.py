@@ -2,8 +2,8 @@
 
 Fixtures live in tests/grammars/<engine>/<family>.log, one directory per grammar in grammar.ENGINES. Each
 fixture line is `EXPECTATION | RAW LINE`. EXPECTATION is `-` (no rule matches) or space-separated
-`key=value` items: `phase=`, `reason=`, `fatal=true`, `heartbeat=true`, `begins=true`, `model=`, `engine_version=` and
-engine values named as in grammar.VALUES, in base units (`model_weights_bytes=8066163330.2528`); a progress
+`key=value` items: `phase=`, `reason=`, `fatal=true`, `heartbeat=true`, `begins=true`, `retry=true`, `model=`,
+`engine_version=` and engine values named as in grammar.VALUES, in base units (`model_weights_bytes=8066163330.2528`); a progress
 record's report as `progress=DONE/TOTAL` (a fraction is `progress=0.52/1`), `item=` (what it counts) and
 `remaining=` (the seconds the engine says are left), each absent when the report has none. One item
 is for the order check alone: `repeat=true` marks a phase marker the engine prints again after a later
@@ -35,7 +35,7 @@ GRAMMARS: dict[str, Grammar] = dict(grammar.load_all())
 # Engines whose logs hold no `\r`-redrawn bar at all: TGI's launcher re-logs its shards' output line by
 # line, Ollama's daemon and runners log with slog, and the fallback knows no engine.
 NO_REDRAW = frozenset({"tgi", "ollama", "generic"})
-FLAGS = ("fatal", "heartbeat", "begins", "repeat")
+FLAGS = ("fatal", "heartbeat", "begins", "retry", "repeat")
 PROGRESS = ("progress", "item", "remaining")
 
 
@@ -46,6 +46,7 @@ class Expected:
     fatal: bool = False
     heartbeat: bool = False
     begins: bool = False  # the engine's first word: after a settled start, the next begins
+    retry: bool = False  # the engine goes on past the failures so far
     repeat: bool = False  # fixture-only: a marker printed again after a later phase
     info: dict[str, str] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
@@ -92,6 +93,7 @@ def _expectation(text: str, where: str) -> Expected | None:
         fatal="fatal" in seen,
         heartbeat="heartbeat" in seen,
         begins="begins" in seen,
+        retry="retry" in seen,
         repeat="repeat" in seen,
         info={k: v for k, v in seen.items() if k in INFO},
         values={k: float(v) for k, v in seen.items() if k in VALUES},
@@ -143,8 +145,8 @@ def test_line(case: Case) -> None:
         assert found is None, f"expected no match, got {found}"
         return
     assert found is not None, "expected a match, no rule matched"
-    got = (found.phase, found.reason, found.fatal, found.heartbeat, found.begins)
-    assert got == (expected.phase, expected.reason, expected.fatal, expected.heartbeat, expected.begins)
+    got = (found.phase, found.reason, found.fatal, found.heartbeat, found.begins, found.retry)
+    assert got == (expected.phase, expected.reason, expected.fatal, expected.heartbeat, expected.begins, expected.retry)
     assert dict(found.info) == expected.info
     assert set(found.values) == set(expected.values)
     assert dict(found.values) == pytest.approx(expected.values)

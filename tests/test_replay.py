@@ -218,6 +218,15 @@ VLLM_OOM_TAIL = """\
                      "[Autotuner]: Autotuning process ends\n",
                      {"engine": "vllm", "last_phase": "warming_up"},
                      id="vLLM's worker tags name vLLM; FlashInfer's trtllm_ kernels are not TensorRT-LLM's server"),
+        pytest.param('time=2026-05-13T15:18:55.900-04:00 level=INFO source=server.go:433 msg="starting runner" cmd="ollama runner"\n'
+                     "alloc_tensor_range: failed to allocate Vulkan0 buffer of size 4697620480\n"
+                     'time=2026-05-13T15:18:55.984-04:00 level=INFO source=server.go:914 msg="model layout did not fit, applying backoff" backoff=0.10\n',
+                     {"engine": "ollama", "outcome": "incomplete", "failure_reason": None, "last_phase": "loading_weights"},
+                     id="Ollama fits a model by trying: an allocation it backs off from is no failure"),
+        pytest.param('time=2026-05-13T15:18:55.900-04:00 level=INFO source=server.go:433 msg="starting runner" cmd="ollama runner"\n'
+                     "alloc_tensor_range: failed to allocate Vulkan0 buffer of size 4697620480\n",
+                     {"engine": "ollama", "outcome": "failed", "failure_reason": "cuda_oom"},
+                     id="the same allocation, where the log ends on it, is the failure"),
         pytest.param("INFO 07-16 05:15:18 [gpu_model_runner.py:2] Graph capturing finished in **17 secs**, took **0.55** GiB\n",
                      {"values": {"engine_graph_capture_seconds": 17.0, "graph_memory_bytes": 0.55 * 2**30}},
                      id="markdown around the numbers"),

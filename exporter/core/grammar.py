@@ -69,6 +69,9 @@ class Rule:
     # `server config`): after a start that has settled, it is the next start, in a log that holds
     # several with nothing else between them (`docker logs` of a container that restarted, a plain file).
     begins: bool = False
+    # The engine goes on after the failures it printed so far (Ollama's `model layout did not fit, applying
+    # backoff`: it loads again with fewer layers on the GPU): they no longer explain how the start ends.
+    retry: bool = False
     # A line in a failure's words that is no failure (NCCL's warnings): it stops the search, so that no
     # failure rule after it reads it.
     benign: bool = False
@@ -107,6 +110,7 @@ class Match:
     progress: Report | None = None
     where: bool = False
     begins: bool = False
+    retry: bool = False
 
     @property
     def moves_on(self) -> bool:
@@ -134,7 +138,7 @@ class Grammar:
         """For each rule that reads no value, the Match it always gives; None for the others."""
         return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache,
                                                              progress=Report(1.0, 1.0, r.item) if r.complete else None,
-                                                             where=r.where, begins=r.begins)
+                                                             where=r.where, begins=r.begins, retry=r.retry)
                      for r in self.rules)
 
     @functools.cached_property
@@ -187,6 +191,7 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
             cache=_cache(raw.get("cache")),
             where=bool(raw.get("where", False)),
             begins=bool(raw.get("begins", False)),
+            retry=bool(raw.get("retry", False)),
             benign=bool(raw.get("benign", False)),
             whole=bool(raw.get("whole", False)),
             item=str(raw.get("item", "")),
@@ -194,7 +199,9 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
         )
     except (re.error, ValueError) as error:
         raise ValueError(f"{label}: {error}") from None
-    if rule.benign and (rule.phase or rule.reason or rule.heartbeat or rule.cache or pattern.groupindex):
+    if rule.retry and rule.reason:
+        raise ValueError(f"{label}: a rule that says the engine goes on past its failures names none")
+    if rule.benign and (rule.phase or rule.reason or rule.heartbeat or rule.retry or rule.cache or pattern.groupindex):
         raise ValueError(f"{label}: a benign rule reads nothing from the line")
     if rule.begins and (rule.reason or rule.heartbeat or rule.where or (rule.phase not in (None, Phase.LAUNCHING))):
         raise ValueError(f"{label}: a rule that begins a start is the engine's first word, launching at most")
@@ -247,7 +254,8 @@ def load(engine: str) -> Grammar:
 
 
 def _says_more_than_info(rule: Rule) -> bool:
-    return bool(rule.phase or rule.reason or rule.heartbeat or rule.benign or set(rule.pattern.groupindex) - INFO)
+    said = rule.phase or rule.reason or rule.heartbeat or rule.retry or rule.benign
+    return bool(said or set(rule.pattern.groupindex) - INFO)
 
 
 # The agent loads the grammars in this order and detect() tries them in it: the first whose command
@@ -295,7 +303,7 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
                 if math.isfinite(value):  # 400 digits of "max model len" is no value at all
                     (progress if name in PROGRESS else values)[name] = value
             return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info),
-                         frozen_map(values), _report(progress, rule), rule.where, rule.begins)
+                         frozen_map(values), _report(progress, rule), rule.where, rule.begins, rule.retry)
     return None
 
 

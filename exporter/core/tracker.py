@@ -201,6 +201,8 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
         if found.fatal:
             return _fail(state, line.t, found.reason)
         state = evolve(state, attempt=_cause(state.attempt, found.reason))
+    if found.retry and (live := _live(state)) and live.reason is not None and not live.outlived:
+        state = evolve(state, attempt=evolve(live, outlived=True))  # it tries again: those causes did not end it
     if found.progress is not None:
         state = _progress(state, found, line.t)
     return state
