@@ -2,10 +2,11 @@
 
 Fixtures live in tests/grammars/<engine>/<family>.log, one directory per grammar in grammar.ENGINES. Each
 fixture line is `EXPECTATION | RAW LINE`. EXPECTATION is `-` (no rule matches) or space-separated
-`key=value` items: `phase=`, `reason=`, `fatal=true`, `heartbeat=true`, `begins=true`, `retry=true`, `model=`,
-`engine_version=` and engine values named as in grammar.VALUES, in base units (`model_weights_bytes=8066163330.2528`); a progress
-record's report as `progress=DONE/TOTAL` (a fraction is `progress=0.52/1`), `item=` (what it counts) and
-`remaining=` (the seconds the engine says are left), each absent when the report has none. One item
+`key=value` items: `phase=`, `reason=`, `fatal=true`, `heartbeat=true`, `begins=true`, `retry=true`, `stops=true`,
+`model=`, `engine_version=` and engine values named as in grammar.VALUES, in base units
+(`model_weights_bytes=8066163330.2528`); a progress record's report as `progress=DONE/TOTAL` (a fraction is
+`progress=0.52/1`), `item=` (what it counts) and `remaining=` (the seconds the engine says are left), each
+absent when the report has none. One item
 is for the order check alone: `repeat=true` marks a phase marker the engine prints again after a later
 phase (SGLang loads a speculative draft model after the target; TRT-LLM's PyTorch backend sizes the KV
 cache, autotunes and captures graphs twice). The tracker ignores such a marker, because phases only move
@@ -35,7 +36,7 @@ GRAMMARS: dict[str, Grammar] = dict(grammar.load_all())
 # Engines whose logs hold no `\r`-redrawn bar at all: TGI's launcher re-logs its shards' output line by
 # line, Ollama's daemon and runners log with slog, and the fallback knows no engine.
 NO_REDRAW = frozenset({"tgi", "ollama", "generic"})
-FLAGS = ("fatal", "heartbeat", "begins", "retry", "repeat")
+FLAGS = ("fatal", "heartbeat", "begins", "retry", "stops", "repeat")
 PROGRESS = ("progress", "item", "remaining")
 
 
@@ -47,6 +48,7 @@ class Expected:
     heartbeat: bool = False
     begins: bool = False  # the engine's first word: after a settled start, the next begins
     retry: bool = False  # the engine goes on past the failures so far
+    stops: bool = False  # the engine says it was asked to stop
     repeat: bool = False  # fixture-only: a marker printed again after a later phase
     info: dict[str, str] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
@@ -94,6 +96,7 @@ def _expectation(text: str, where: str) -> Expected | None:
         heartbeat="heartbeat" in seen,
         begins="begins" in seen,
         retry="retry" in seen,
+        stops="stops" in seen,
         repeat="repeat" in seen,
         info={k: v for k, v in seen.items() if k in INFO},
         values={k: float(v) for k, v in seen.items() if k in VALUES},
@@ -145,8 +148,9 @@ def test_line(case: Case) -> None:
         assert found is None, f"expected no match, got {found}"
         return
     assert found is not None, "expected a match, no rule matched"
-    got = (found.phase, found.reason, found.fatal, found.heartbeat, found.begins, found.retry)
-    assert got == (expected.phase, expected.reason, expected.fatal, expected.heartbeat, expected.begins, expected.retry)
+    got = (found.phase, found.reason, found.fatal, found.heartbeat, found.begins, found.retry, found.stops)
+    assert got == (expected.phase, expected.reason, expected.fatal, expected.heartbeat, expected.begins, expected.retry,
+                   expected.stops)
     assert dict(found.info) == expected.info
     assert set(found.values) == set(expected.values)
     assert dict(found.values) == pytest.approx(expected.values)

@@ -227,6 +227,13 @@ VLLM_OOM_TAIL = """\
                      "alloc_tensor_range: failed to allocate Vulkan0 buffer of size 4697620480\n",
                      {"engine": "ollama", "outcome": "failed", "failure_reason": "cuda_oom"},
                      id="the same allocation, where the log ends on it, is the failure"),
+        pytest.param("$ vllm serve Qwen/Qwen3-8B\nINFO 05-08 00:41:40 [gpu_model_runner.py:1] Starting to load model Qwen/Qwen3-8B...\n"
+                     "^C\n[rank0]: Traceback (most recent call last):\n",
+                     {"engine": "vllm", "outcome": "stopped", "failure_reason": None, "last_phase": "downloading"},
+                     id="a pasted terminal: Ctrl-C's echo mid-load is a stop, and its traceback no failure"),
+        pytest.param("main: server is listening on http://127.0.0.1:8080 - starting the main loop\n^C^C\n",
+                     {"engine": "llamacpp", "outcome": "ready"},
+                     id="Ctrl-C after ready: the start was ready"),
         pytest.param("INFO 07-16 05:15:18 [gpu_model_runner.py:2] Graph capturing finished in **17 secs**, took **0.55** GiB\n",
                      {"values": {"engine_graph_capture_seconds": 17.0, "graph_memory_bytes": 0.55 * 2**30}},
                      id="markdown around the numbers"),

@@ -201,6 +201,19 @@ OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. 
             [pid1(30, Event.STOPPING), pid1(31, Event.EXITED, "killed/15/TERM"), procs(32)],
             None, None, Outcome.STOPPED, id="an operator stopped it: no failure",
         ),
+        pytest.param(
+            [line(30, "(APIServer pid=1) KeyboardInterrupt: terminated"),
+             line(30, "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"),
+             procs(31)],
+            None, None, Outcome.STOPPED,
+            id="the engine says it was asked to stop (a container's SIGTERM): what breaks after is the stop's doing",
+        ),
+        pytest.param(
+            [line(29, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."),
+             line(30, "(APIServer pid=1) KeyboardInterrupt: terminated"), procs(31)],
+            Phase.COMPILING, Reason.CUDA_OOM, Outcome.FAILED,
+            id="a stop after a failure still pending only ends that failure",
+        ),
     ],
 )
 def test_failures(tail, phase, reason, outcome):

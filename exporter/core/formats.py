@@ -597,6 +597,7 @@ def _service(line: bytes, unit: str) -> tuple[bytes, Fields]:
 PROMPT = rb"(?:\([\w.-]+\) )?(?:\$|[\w.-]+@[\w.-]+(?::[^\s$#]*)?[$#])"
 COMMAND = re.compile(PROMPT + rb" +\S")
 PROMPT_ALONE = re.compile(PROMPT + rb"\s*")
+CTRL_C = re.compile(rb"(?:\^C)+ *")  # the terminal's echo of Ctrl-C: the user asked the process to stop
 # --- container runtimes' log files --------------------------------------------------------------
 
 MAX_LINE = 1024 * 1024  # a line joined from parts ends here: a writer that never ends its line cannot fill memory
@@ -716,9 +717,15 @@ def _plain(
         if not line.strip():
             continue
         line, fields = _service(line, unit)
+        if stop := CTRL_C.match(line) if unit else None:
+            echo, line = line[: stop.end()], line[stop.end() :]  # and what was printed on after it, on its line
         t = _plain_time(line, years, tz)
         if t is None:
             t = _glued_time(line, years, tz)
+        if stop:
+            yield t, _pid1(unit, MessageId.UNIT_STOPPING, echo)
+            if not line.strip():
+                continue
         if unit and COMMAND.match(line):
             yield t, _pid1(unit, MessageId.UNIT_STARTED, line)
             output = False

@@ -72,6 +72,11 @@ class Rule:
     # The engine goes on after the failures it printed so far (Ollama's `model layout did not fit, applying
     # backoff`: it loads again with fewer layers on the GPU): they no longer explain how the start ends.
     retry: bool = False
+    # The engine says it was asked to stop (Python's KeyboardInterrupt, which vLLM raises on SIGTERM too;
+    # Triton's `Signal (15) received.`; an Ollama client that gave up on the load): a start under way is
+    # stopped, unless a failure it printed is pending, which the stop only ends. Not tried once the start has
+    # settled: a server that is ready and later stopped stays ready.
+    stops: bool = False
     # A line in a failure's words that is no failure (NCCL's warnings): it stops the search, so that no
     # failure rule after it reads it.
     benign: bool = False
@@ -111,6 +116,7 @@ class Match:
     where: bool = False
     begins: bool = False
     retry: bool = False
+    stops: bool = False
 
     @property
     def moves_on(self) -> bool:
@@ -138,7 +144,8 @@ class Grammar:
         """For each rule that reads no value, the Match it always gives; None for the others."""
         return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache,
                                                              progress=Report(1.0, 1.0, r.item) if r.complete else None,
-                                                             where=r.where, begins=r.begins, retry=r.retry)
+                                                             where=r.where, begins=r.begins, retry=r.retry,
+                                                             stops=r.stops)
                      for r in self.rules)
 
     @functools.cached_property
@@ -192,6 +199,7 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
             where=bool(raw.get("where", False)),
             begins=bool(raw.get("begins", False)),
             retry=bool(raw.get("retry", False)),
+            stops=bool(raw.get("stops", False)),
             benign=bool(raw.get("benign", False)),
             whole=bool(raw.get("whole", False)),
             item=str(raw.get("item", "")),
@@ -201,7 +209,10 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
         raise ValueError(f"{label}: {error}") from None
     if rule.retry and rule.reason:
         raise ValueError(f"{label}: a rule that says the engine goes on past its failures names none")
-    if rule.benign and (rule.phase or rule.reason or rule.heartbeat or rule.retry or rule.cache or pattern.groupindex):
+    if rule.stops and (rule.reason or rule.phase or rule.retry or rule.begins):
+        raise ValueError(f"{label}: a rule that says the engine was asked to stop says nothing else")
+    if rule.benign and (rule.phase or rule.reason or rule.heartbeat or rule.retry or rule.stops or rule.cache
+                        or pattern.groupindex):
         raise ValueError(f"{label}: a benign rule reads nothing from the line")
     if rule.begins and (rule.reason or rule.heartbeat or rule.where or (rule.phase not in (None, Phase.LAUNCHING))):
         raise ValueError(f"{label}: a rule that begins a start is the engine's first word, launching at most")
@@ -254,7 +265,7 @@ def load(engine: str) -> Grammar:
 
 
 def _says_more_than_info(rule: Rule) -> bool:
-    said = rule.phase or rule.reason or rule.heartbeat or rule.retry or rule.benign
+    said = rule.phase or rule.reason or rule.heartbeat or rule.retry or rule.stops or rule.benign
     return bool(said or set(rule.pattern.groupindex) - INFO)
 
 
@@ -303,7 +314,8 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
                 if math.isfinite(value):  # 400 digits of "max model len" is no value at all
                     (progress if name in PROGRESS else values)[name] = value
             return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info),
-                         frozen_map(values), _report(progress, rule), rule.where, rule.begins, rule.retry)
+                         frozen_map(values), _report(progress, rule), rule.where, rule.begins, rule.retry,
+                         rule.stops)
     return None
 
 

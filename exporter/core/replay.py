@@ -64,7 +64,7 @@ class Replayed:
 def choose_engine(records: Iterable[str], candidates: Iterable[Grammar], names: Iterable[str] = ()) -> tuple[str, int]:
     """The engine these records show the most evidence of, and how many of its markers they hold.
 
-    Evidence is a record a rule reads as a marker (a phase, a failure, readiness), a pasted shell command
+    Evidence is a record a rule reads as a marker (a phase, a failure, readiness, a stop), a pasted shell command
     that runs the engine (its `commands`: the start itself, in a paste that shows nothing after it yet), and
     a record or a name (a syslog identifier, a compose service) that mentions the engine. An engine that runs
     another inside it (Ollama runs llama.cpp, Triton runs vLLM) takes that one's evidence too, when
@@ -77,7 +77,7 @@ def choose_engine(records: Iterable[str], candidates: Iterable[Grammar], names: 
     for grammar in candidates:
         maybe = grammar.screen.which_may_match(raw)  # one scan of them all rules out most records at once
         found = [m for at in sorted(maybe) if (m := grammars.match(grammar, records[at]))]
-        markers[grammar.engine] = sum(1 for m in found if m.phase is not None or m.reason is not None) + sum(
+        markers[grammar.engine] = sum(1 for m in found if m.phase is not None or m.reason is not None or m.stops) + sum(
             1 for text in commanded if any(c.search(text) for c in grammar.commands))
         said[grammar.engine] = sum(1 for text in (*names, *records) if grammar.mentions and grammar.mentions.search(text))
         evidence[grammar.engine] = markers[grammar.engine] + said[grammar.engine]

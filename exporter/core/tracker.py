@@ -115,7 +115,7 @@ def _cause(attempt: Attempt, reason: Reason) -> Attempt:
 def _fail(state: UnitState, t: float, reason: Reason) -> UnitState:
     attempt = state.attempt
     assert attempt is not None
-    if attempt.phase is Phase.FAILED:
+    if attempt.phase in (Phase.FAILED, Phase.STOPPING):  # after a stop, what breaks is the stop's doing
         return state
     attempt = _cause(attempt, reason)
     assert attempt.reason is not None
@@ -203,6 +203,9 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
         state = evolve(state, attempt=_cause(state.attempt, found.reason))
     if found.retry and (live := _live(state)) and live.reason is not None and not live.outlived:
         state = evolve(state, attempt=evolve(live, outlived=True))  # it tries again: those causes did not end it
+    if found.stops and (live := _live(state)) and live.phase not in SETTLED:
+        cause = None if live.outlived else live.reason  # a stop after a failure still pending only ends it
+        state = _fail(state, line.t, cause) if cause else _stop(state, line.t)
     if found.progress is not None:
         state = _progress(state, found, line.t)
     return state
