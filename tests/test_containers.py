@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -402,6 +403,22 @@ def test_serve_follows_pods_and_docker_containers_with_no_unit_named(node: Node,
     assert promtool, "promtool is installed by .ci/setup (Debian package prometheus)"
     lint = subprocess.run([promtool, "check", "metrics"], input=final.text, capture_output=True, text=True, check=False)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_a_pod_deleted_while_it_loads_is_stopped_not_failed(node: Node, agent, tmp_path: Path) -> None:
+    # kubelet's SIGTERM to every process of the container (a rollout, a scale-down): vLLM's API server raises
+    # KeyboardInterrupt("terminated") and exits 0, its EngineCore dies of the signal; no systemd says "Stopping"
+    pod = node.run_pod("llm", "vllm-0", "vllm", [*VLLM, scenario(tmp_path, HANG, "hang.json")])
+    port = agent(args=("--path.pods", str(node.pods), "--path.docker", str(node.docker)))
+    unit = "llm/vllm-0/vllm"
+    wait_for(lambda: Scrape(fetch(port)).one_of("unit_phase", unit, "phase") == "compiling", 60, "the pod compiling")
+    assert pod.crash(signal.SIGTERM) == 0
+    # settled either way: inactive once stopped, failed if the stop were taken for a crash
+    final = wait_for(lambda: (s := Scrape(fetch(port))).one_of("unit_phase", unit, "phase") in ("inactive", "failed") and s,
+                     60, "the pod's start to settle")
+    assert final.value("llmstartup_startups_total", unit=unit, outcome="stopped") == 1
+    assert final.all("llmstartup_failures_total", unit=unit) == []
+    assert final.one_of("unit_verdict", unit, "verdict") == "inactive"
 
 
 def test_wait_and_status_for_a_pods_container(node: Node, journald, tmp_path: Path) -> None:

@@ -209,6 +209,12 @@ OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. 
             id="the engine says it was asked to stop (a container's SIGTERM): what breaks after is the stop's doing",
         ),
         pytest.param(
+            [line(30, "(APIServer pid=1) Traceback (most recent call last):"),
+             line(30, '(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/api_server.py", line 1953, in <module>'),
+             line(30, "(APIServer pid=1) KeyboardInterrupt: terminated"), procs(31)],
+            None, None, Outcome.STOPPED, id="the traceback before a KeyboardInterrupt is the stop's own",
+        ),
+        pytest.param(
             [line(29, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."),
              line(30, "(APIServer pid=1) KeyboardInterrupt: terminated"), procs(31)],
             Phase.COMPILING, Reason.CUDA_OOM, Outcome.FAILED,
@@ -267,6 +273,15 @@ def test_counters_survive_a_recreated_cgroup():
     state = fold([procs(0, 10, cpu=100, io=1000), procs(2, 10, cpu=120, io=3000), procs(4, 10, cpu=5, io=500)])
     assert state.cpu_total == pytest.approx(25)
     assert state.read_total == 2500
+
+
+def test_a_ready_server_interrupted_stays_ready_and_fails_nothing():
+    # Ctrl-C on a ready server (no systemd to say "Stopping"): Python's traceback, then its processes end
+    state = fold([*TO_COMPILE, line(60, "INFO:     Application startup complete."),
+                  line(70, "Traceback (most recent call last):"), line(70, "KeyboardInterrupt"), procs(71)])
+    assert state.failures == {}
+    assert state.startups == {Outcome.READY: 1}
+    assert state.phase is Phase.INACTIVE
 
 
 def test_ready_then_stopped_counts_no_failure():

@@ -74,8 +74,8 @@ class Rule:
     retry: bool = False
     # The engine says it was asked to stop (Python's KeyboardInterrupt, which vLLM raises on SIGTERM too;
     # Triton's `Signal (15) received.`; an Ollama client that gave up on the load): a start under way is
-    # stopped, unless a failure it printed is pending, which the stop only ends. Not tried once the start has
-    # settled: a server that is ready and later stopped stays ready.
+    # stopped, unless a failure it printed is pending, which the stop only ends. A start that is ready stays
+    # ready: the stop only says the traceback before it was its own.
     stops: bool = False
     # A line in a failure's words that is no failure (NCCL's warnings): it stops the search, so that no
     # failure rule after it reads it.
@@ -283,7 +283,7 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
     """The first rule that matches the record (after the engine's prefix), with its values.
 
     `settled`: the start is ready, failed or stopping, so no phase marker can change anything; only
-    failures, heartbeats and the engine's first word (which begins the next start) are tried. Failures
+    failures, heartbeats, stops and the engine's first word (which begins the next start) are tried. Failures
     come first in every grammar, so the first match among them is the first match among all. Serving a
     model prints far more lines than starting it: this, and the screen that rules out at once every rule
     whose literals the record lacks (exporter.core.screen), is what keeps those lines cheap.
@@ -294,7 +294,7 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
     message = grammar.message(record)
     for index in candidates:
         rule = grammar.rules[index]
-        if settled and rule.reason is None and not rule.heartbeat and not rule.benign and not rule.begins:
+        if settled and rule.reason is None and not (rule.heartbeat or rule.benign or rule.begins or rule.stops):
             continue
         if found := rule.pattern.search(record if rule.whole else message if rule.prefix is None else _after(rule.prefix, record)):
             if rule.benign:

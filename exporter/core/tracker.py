@@ -203,9 +203,15 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
         state = evolve(state, attempt=_cause(state.attempt, found.reason))
     if found.retry and (live := _live(state)) and live.reason is not None and not live.outlived:
         state = evolve(state, attempt=evolve(live, outlived=True))  # it tries again: those causes did not end it
-    if found.stops and (live := _live(state)) and live.phase not in SETTLED:
-        cause = None if live.outlived else live.reason  # a stop after a failure still pending only ends it
-        state = _fail(state, line.t, cause) if cause else _stop(state, line.t)
+    if found.stops and (live := _live(state)) and live.phase is not Phase.FAILED:
+        # A stop after a failure still pending only ends that failure; but a bare `crashed` is most often the
+        # header of the stop's own traceback (Python prints `Traceback …` before its KeyboardInterrupt).
+        own = live.reason is Reason.CRASHED
+        cause = None if live.outlived or own else live.reason
+        if live.phase not in SETTLED:
+            state = _fail(state, line.t, cause) if cause else _stop(state, line.t)
+        elif own:  # a server already ready (or stopping): nothing failed, and its exit will not say so
+            state = evolve(state, attempt=evolve(live, reason=None))
     if found.progress is not None:
         state = _progress(state, found, line.t)
     return state

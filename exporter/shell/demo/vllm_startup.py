@@ -27,7 +27,9 @@ A scenario is a JSON list of steps, run in order:
     {"exit": code}             exit with that status
 
 The first line of an EngineCore process forks a real idle child whose pid the prefix carries, as
-vLLM's EngineCore_DP0 is a child of the API server. SIGTERM ends everything and exits 0.
+vLLM's EngineCore_DP0 is a child of the API server. SIGTERM, as vLLM's API server does, raises
+KeyboardInterrupt("terminated"), whose traceback ends everything, and exits 0 (Ctrl-C the same, exiting 130);
+once uvicorn serves (`Application startup complete.`), it shuts down as uvicorn does instead.
 """
 
 from __future__ import annotations
@@ -340,6 +342,7 @@ class Startup:
         self.engine: int | None = None
         self.workers: list[int] = []
         self.console = Console(stdout, stderr, self._engine_pid)
+        self.serving = False  # uvicorn has started: a signal is its graceful shutdown, not a traceback
 
     def run(self, steps: list[dict[str, Any]]) -> int:
         try:
@@ -353,6 +356,7 @@ class Startup:
 
     def step(self, step: dict[str, Any]) -> int | None:
         proc = step.get("proc")
+        self.serving = self.serving or "Application startup complete." in str(step.get("log", step.get("raw", "")))
         if "log" in step:
             self.console.log(str(step["log"]), proc, step.get("level", "INFO"), step.get("src"))
         elif "raw" in step:
@@ -413,6 +417,19 @@ class Startup:
             *lines[1:],
         ]
         self.console.write("\n".join(outer) + "\n", proc, "stderr")
+
+    def interrupted(self, why: str) -> None:
+        """uvicorn's graceful shutdown once it serves; before, the API server's uncaught KeyboardInterrupt, as
+        the interpreter prints it."""
+        if self.serving:
+            for message in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.",
+                            f"Finished server process [{os.getpid()}]"):
+                self.console.write(f"{'INFO:':<9} {message}\n", API, "stderr")
+            return
+        frames = [f'  File "{SITE}/vllm/entrypoints/openai/api_server.py", line 1953, in <module>',
+                  "    uvloop.run(run_server(args))"]
+        last = f"KeyboardInterrupt: {why}" if why else "KeyboardInterrupt"
+        self.console.write("\n".join(["Traceback (most recent call last):", *frames, last]) + "\n", API, "stderr")
 
     def burn(self, seconds: float, workers: int, cache: bool = True) -> None:
         """Silent CPU work in child processes, as torch.compile's workers, which write the kernels they
@@ -486,7 +503,7 @@ class Startup:
 
 
 def _terminate(signum: int, frame: object) -> None:
-    raise SystemExit(0)
+    raise KeyboardInterrupt("terminated")  # vLLM's API server's SIGTERM handler
 
 
 def load(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -512,10 +529,12 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(encoding="utf-8", errors="replace")
     signal.signal(signal.SIGTERM, _terminate)
+    startup = Startup()
     try:
-        return Startup().run(steps)
-    except KeyboardInterrupt:
-        return 130
+        return startup.run(steps)
+    except KeyboardInterrupt as stop:
+        startup.interrupted(str(stop))
+        return 0 if str(stop) else 130
 
 
 if __name__ == "__main__":
