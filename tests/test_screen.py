@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
+import sys
+from pathlib import Path
 from re import _constants as sre
 from re import _parser as sre_parse
 
@@ -159,3 +162,22 @@ def test_a_batch_with_nothing_to_find():
     assert UNION.which_may_match(serving) == set()
     assert UNION.which_may_match([*serving, b"x\rCapturing CUDA graphs: 100%"]) == {256}
     assert Screen([re.compile(r"\d+")]).which_may_match([]) == set()  # even where every text passes
+
+
+
+def test_every_engines_screen_at_once_keeps_to_its_dfa():
+    # replay's skim screens batches of a journal against every engine's literals at once: RE2's DFA for them
+    # outgrew its default memory budget, fell back to the NFA (several times slower) and wrote "DFA out of
+    # memory" to stderr again and again, thousands of lines in one `replay`. The texts: the corpus's real logs.
+    script = (
+        "import glob\n"
+        "from exporter.sources.journal_skim import _screen\n"
+        "lines = [l for f in sorted(glob.glob('tests/corpus/*/*.log')) for l in open(f, 'rb').read().split(b'\\n') if l]\n"
+        "screen = _screen()\n"
+        "for at in range(0, len(lines), 500):\n"
+        "    screen.which_may_match(lines[at:at + 500])\n"
+    )
+    root = Path(__file__).parent.parent
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "DFA out of memory" not in done.stderr, done.stderr[:500]

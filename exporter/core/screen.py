@@ -104,6 +104,10 @@ class Screen:
         unsafe = b"|".join(([RAW] if raw else []) + ([NON_ASCII] if icase else []))
         options = re2.Options()
         options.encoding = re2.Options.Encoding.LATIN1  # a byte is a character: any bytes can be screened
+        # RE2's DFA for every engine's literals at once (replay's skim) outgrows the default 8 MiB budget: it
+        # then falls back to the NFA, several times slower, and logs `DFA out of memory` to stderr each time.
+        # A budget, not an allocation: the states are built as texts need them.
+        options.max_mem = 64 << 20
         self._set = re2.Set.SearchSet(options)
         # entry 0; a class no byte is in, when nothing is unsafe; (?:) matches anywhere: always a candidate
         alternatives = [unsafe or b"[^\\x00-\\xff]"] + [_re2(found) if found else b"(?:)" for found in literals]
