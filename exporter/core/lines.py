@@ -44,7 +44,8 @@ def unframe(record: str) -> str:
         or "x across cluster" in record
         or "](http" in record
         or "](tel:" in record
-        or " - " in record[:100]
+        or (record[:1].isdigit() and " - " in record[:100])  # a wrapper's asctime first (WRAPPER): not an access log's
+        or "MODEL_LOG - " in record[:200]
     ):
         return record
     record = LINK.sub(r"\1", EMPHASIS_OR_COLOUR.sub("", record))
