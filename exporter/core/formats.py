@@ -717,7 +717,8 @@ def _plain(
         if not line.strip():
             continue
         line, fields = _service(line, unit)
-        if stop := CTRL_C.match(line) if unit else None:
+        stop = CTRL_C.match(line) if unit else None
+        if stop:
             echo, line = line[: stop.end()], line[stop.end() :]  # and what was printed on after it, on its line
         t = _plain_time(line, years, tz)
         if t is None:
