@@ -44,7 +44,8 @@ def unframe(record: str) -> str:
         or "x across cluster" in record
         or "](http" in record
         or "](tel:" in record
-        or (record[:1].isdigit() and " - " in record[:100])  # a wrapper's asctime first (WRAPPER): not an access log's
+        # a wrapper logger's asctime comes first (WRAPPER); an access log's ` - ` after a client address does not
+        or (record[:1].isdigit() and " - " in record[:100])
         or "MODEL_LOG - " in record[:200]
     ):
         return record

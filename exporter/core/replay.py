@@ -77,8 +77,9 @@ def choose_engine(records: Iterable[str], candidates: Iterable[Grammar], names: 
     for grammar in candidates:
         maybe = grammar.screen.which_may_match(raw)  # one scan of them all rules out most records at once
         found = [m for at in sorted(maybe) if (m := grammars.match(grammar, records[at]))]
-        markers[grammar.engine] = sum(1 for m in found if m.phase is not None or m.reason is not None or m.stops) + sum(
-            1 for text in commanded if any(c.search(text) for c in grammar.commands))
+        marked = sum(1 for m in found if m.phase is not None or m.reason is not None or m.stops)
+        launched = sum(1 for text in commanded if any(c.search(text) for c in grammar.commands))
+        markers[grammar.engine] = marked + launched
         said[grammar.engine] = sum(1 for text in (*names, *records) if grammar.mentions and grammar.mentions.search(text))
         evidence[grammar.engine] = markers[grammar.engine] + said[grammar.engine]
     for grammar in candidates:

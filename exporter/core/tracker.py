@@ -137,10 +137,9 @@ def _end(state: UnitState, t: float, reason: Reason | None = None) -> UnitState:
     """The attempt's processes are gone. Before ready and not asked to stop, that is a failure."""
     attempt = state.attempt
     assert attempt is not None
-    if attempt.phase not in (Phase.STOPPING, Phase.FAILED):
-        cause = reason or attempt.reason
-        if attempt.outcome is None or cause is not None:
-            state = _fail(state, t, cause or Reason.EXITED)
+    cause = reason or attempt.reason
+    if attempt.outcome is None or cause is not None:
+        state = _fail(state, t, cause or Reason.EXITED)  # nothing, once failed or asked to stop
     attempt = state.attempt
     assert attempt is not None
     phase = Phase.FAILED if attempt.phase is Phase.FAILED else Phase.INACTIVE
@@ -275,7 +274,7 @@ def _lifecycle(state: UnitState, event: Lifecycle) -> UnitState:
         reason = _exit_reason(event.detail)
         if reason is None and live.phase is not Phase.STOPPING and live.outcome is None:
             return _stop(state, event.t)  # a clean exit before ready: nobody's fault, but no start
-        return _fail(state, event.t, reason) if reason and live.phase is not Phase.STOPPING else state
+        return _fail(state, event.t, reason) if reason else state
     if event.event is Event.FAILED:
         return _fail(state, event.t, FAILED_RESULTS.get(event.detail, Reason.CRASHED))
     if event.event is Event.STOPPED:
