@@ -25,14 +25,17 @@ from tests.scrape import wait_for
 REMOTE = next((path for path in JOURNAL_REMOTE if Path(path).exists()), None)
 pytestmark = needs(REMOTE, "systemd-journal-remote (Debian package systemd-journal-remote)")
 BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")
+EARLIER_BOOT_BEGAN = 8 * 86400
 UNIT = "vllm-glm5.service"
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
 
 
-def _entry(ago: float, **fields: str) -> bytes:
-    """One entry of this boot in export format, `ago` seconds before now."""
+def _entry(ago: float, boot: str = BOOT, **fields: str) -> bytes:
+    """One entry in export format, `ago` seconds before now, of this boot unless `boot` names an earlier one
+    (which began EARLIER_BOOT_BEGAN seconds ago: its monotonic clock counts from then)."""
+    up = time.monotonic() if boot == BOOT else EARLIER_BOOT_BEGAN
     head = {"__REALTIME_TIMESTAMP": str(int((time.time() - ago) * 1e6)),
-            "__MONOTONIC_TIMESTAMP": str(int((time.monotonic() - ago) * 1e6)), "_BOOT_ID": BOOT,
+            "__MONOTONIC_TIMESTAMP": str(int((up - ago) * 1e6)), "_BOOT_ID": boot,
             "_HOSTNAME": "gpu-node-17"}
     return b"".join(f"{k}={v}\n".encode() for k, v in {**head, **fields}.items()) + b"\n"
 
@@ -101,6 +104,35 @@ def test_pid1s_lines_about_a_unit_are_read_and_only_pid1s(journal_folder, readin
     assert (live[0].event, live[0].invocation) == (Event.STARTED, second)
     assert (live[1].gpu, live[1].xid, live[1].source) == ("0000:3b:00", 79, "kernel")
     assert not [o for o in live if isinstance(o, LogLine)]
+
+
+def test_a_units_earlier_lines_are_this_boots_only(journal_folder, reading):
+    """A host keeps months of journal: the unit's lines of earlier boots, PID 1's, journald's and a
+    container's about it included, are another boot's starts, whose monotonic times mean nothing in this one."""
+    earlier_boot, run = uuid.uuid4().hex, uuid.uuid4().hex
+    week = 7 * 86400
+    _write(journal_folder / "system@earlier.journal",
+           _pid1(week, MessageId.UNIT_STARTED, f"Started {UNIT} - vLLM GLM-5.", boot=earlier_boot),
+           _entry(week - 1, earlier_boot, _SYSTEMD_UNIT=UNIT, _PID="4242", _TRANSPORT="stdout",
+                  MESSAGE="INFO 11-22 07:06:40 [api_server.py:1] vLLM API server version 0.10.0"),
+           _entry(week - 2, earlier_boot, _PID="311", _TRANSPORT="driver", OBJECT_SYSTEMD_UNIT=UNIT, N_DROPPED="5000",
+                  MESSAGE_ID=MessageId.JOURNAL_DROPPED, MESSAGE=f"Suppressed 5000 messages from {UNIT}"),
+           _entry(week - 3, earlier_boot, CONTAINER_NAME=UNIT, _COMM="dockerd", _PID="977", _TRANSPORT="journal",
+                  MESSAGE="INFO 11-22 07:06:43 [gpu_model_runner.py:1] Starting to load model zai-org/GLM-5..."),
+           _pid1(week - 4, MessageId.UNIT_FAILURE_RESULT, f"{UNIT}: Failed with result 'oom-kill'.",
+                 boot=earlier_boot, UNIT_RESULT="oom-kill"))
+    _write(journal_folder / "system.journal",
+           _pid1(3, MessageId.UNIT_STARTED, f"Started {UNIT} - vLLM GLM-5.", INVOCATION_ID=run),
+           _entry(2, _SYSTEMD_UNIT=UNIT, _PID="5151", _TRANSPORT="stdout", _SYSTEMD_INVOCATION_ID=run,
+                  MESSAGE="INFO 11-29 07:06:40 [api_server.py:1] vLLM API server version 0.11.0"))
+    reading.watch([UNIT])
+    reading.start()
+    wait_for(lambda: UNIT in reading.ready_units, 20, "the unit's earlier lines read")
+    read = reading.drain()
+    assert [(type(o).__name__, getattr(o, "event", None) or getattr(o, "text", "")) for o in read] == [
+        ("Lifecycle", Event.STARTED),
+        ("LogLine", "INFO 11-29 07:06:40 [api_server.py:1] vLLM API server version 0.11.0"),
+    ]
 
 
 def test_a_catch_up_is_handed_over_at_the_readers_pace_not_at_the_agents_rounds(journal_folder, reading):

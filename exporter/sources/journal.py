@@ -180,7 +180,6 @@ class Follower:
             return
         reader = self.place.open()
         try:
-            reader.this_boot()
             for unit in sorted(added):
                 reader.add_match(_SYSTEMD_UNIT=unit)
                 reader.add_disjunction()
@@ -190,6 +189,10 @@ class Follower:
                 reader.add_disjunction()
                 reader.add_match(CONTAINER_NAME=unit)  # a container's output, from the journald log driver
                 reader.add_disjunction()
+            # This boot's, all of them: a boot match added first would bind only the first of the terms above,
+            # and a host's months of journal hold earlier boots' starts (sd_journal_add_match(3)).
+            reader.add_conjunction()
+            reader.this_boot()
             batch: list[Observation | XidError] = []
             while reader._next() and reader._get_realtime() <= self._position:
                 fields, t = _entry(reader)
