@@ -7,7 +7,8 @@ llama.cpp really pages a model in through mmap from a slow FUSE mount (tests/slo
 
 - A spinning rank is `stalled` and located (`synchronize`) with stacks, `unknown` without: never
   `silent_progress` once the stall threshold has passed.
-- Dynamo tracing a deep model and Inductor compiling on the CPU are never `stalled`, either way.
+- Dynamo tracing a deep model and Inductor compiling on the CPU are never `stalled`, either way, and with
+  stacks alive all along; without, Dynamo's in-process trace may be `unknown` where only CPU moves.
 - A gloo collective missing a peer is `stalled`; with stacks, at the torch.distributed call.
 - llama.cpp loading through mmap from a slow mount is never `stalled` and becomes `ready`; from a mount
   that stops answering it is `stalled`, waiting in the kernel for storage (state D).
@@ -57,6 +58,11 @@ class Watch:
 
     def verdicts(self, which: str, after: float = 0.0) -> list[str]:
         return [docs[which]["verdict"] for t, docs in self.seen if t >= after]
+
+    def reasons(self, which: str) -> list[tuple[str, str]]:
+        """Each verdict with what it rests on, in order, once per change: what a failed assertion shows."""
+        said = [(docs[which]["verdict"], docs[which].get("verdict_reason") or "") for _, docs in self.seen]
+        return [v for i, v in enumerate(said) if i == 0 or v != said[i - 1]]
 
     def metrics(self, which: str) -> Scrape:
         return Scrape(fetch(self.ports[which]))
@@ -110,6 +116,14 @@ def test_a_rank_spinning_on_a_first_start_is_stalled_and_located_with_stacks_unk
         assert watch.metrics("plain").all("llmstartup_unit_stuck_frame_info", unit=name) == []
 
 
+# What the agent without stacks may say of real compile work besides ALIVE, and what it rests on. Inductor's
+# workers, g++ and cache files move on their own. Dynamo traces in-process: CPU, and resident memory that here
+# grows about 5 MiB/s, so 32 MiB (the memory floor) can take 5-7 s against the tests' 8 s stall threshold.
+# When it takes longer, only CPU moves, and "unknown" is the documented answer; it is never "stalled".
+WITHOUT_STACKS = {"dynamo": {("unknown", "only CPU moves (--collector.stacks tells a spin from silent work)")},
+                  "inductor": set()}
+
+
 @TORCH
 @pytest.mark.parametrize("kind", ["dynamo", "inductor"])
 def test_real_torch_compile_work_is_never_stalled(agent, journald, tmp_path, kind):
@@ -120,10 +134,11 @@ def test_real_torch_compile_work_is_never_stalled(agent, journald, tmp_path, kin
                             cwd=ROOT):
         ready = watch.until(lambda d: d["plain"]["verdict"] == "ready" and d["stacks"]["verdict"] == "ready",
                             WORK + 120, f"the {kind} compile to reach ready")
-    for which in ("plain", "stacks"):  # silent, and seen alive all along: never stalled, nor unknown
-        verdicts = watch.verdicts(which)
-        assert set(verdicts) <= ALIVE, (which, verdicts)
-        assert "silent_progress" in verdicts, (which, verdicts)
+    may_say = {"plain": WITHOUT_STACKS[kind], "stacks": set()}  # with stacks: a trace's frames move, alive all along
+    for which in ("plain", "stacks"):
+        said = watch.reasons(which)
+        assert {(v, r) for v, r in said if v not in ALIVE} <= may_say[which], (which, said)
+        assert "silent_progress" in watch.verdicts(which), (which, said)
     assert ready["stacks"]["values"]["engine_compile_seconds"] >= STALL  # silent past the stall threshold
 
 
