@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.core import formats
 from exporter.shell import cli
+from exporter.sources import saved_log
 
 CORPUS = Path(__file__).parent / "corpus"
 ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "ollama", "triton")
@@ -64,11 +64,9 @@ def _replay(case: Case) -> tuple[int, list[dict[str, Any]], str]:
 
 
 def _span(case: Case) -> tuple[float, float] | None:
-    """The first and last time the log's own lines carry, as the format readers see them."""
-    lines = case.log.read_bytes().splitlines(keepends=True)
-    fmt = formats.detect(lines[:50])
+    """The first and last time the log's own lines carry, as replay's reader sees them."""
     year = int(case.expected.get("args", ["--year", "2025"])[1]) if "--year" in case.expected.get("args", []) else 2025
-    times = [t for t, _ in formats.entries(lines, fmt, year=year) if t is not None]
+    times = [t for t, _ in saved_log.entries(str(case.log), year=year) if t is not None]
     return (min(times), max(times)) if times else None
 
 

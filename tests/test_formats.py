@@ -134,6 +134,18 @@ def test_detect_samples(name: str, fmt: Format) -> None:
             Format.SHORT,
             id="journalctl -x in a fence: the catalog's lines and the fence do not vote",
         ),
+        pytest.param(
+            [b"Feb 25 17:49:00 host systemd[1]: ollama.service: Failed with result 'exit-code'.\n",
+             b"-- Subject: Unit failed\n", b"-- Defined-By: systemd\n", b"-- \n",
+             b"-- The unit ollama.service has entered the 'failed' state with result 'exit-code'.\n"],
+            Format.SHORT,
+            id="journalctl -x before systemd 246: its `-- ` catalog lines do not vote",
+        ),
+        pytest.param(
+            [b"Jun 05 12:36:11 <ollama server> ollama[25973]: time=2025-06-05T12:36:11.452Z level=INFO msg=x\n"] * 2,
+            Format.SHORT,
+            id="a host a user hid behind a placeholder with a space",
+        ),
         pytest.param([b"MODEL=x\n", b"PORT=8000\n"], Format.PLAIN, id="KEY=value lines are not export"),
         pytest.param(
             [b'{"timestamp":"2026-11-29T12:00:01.118245Z","level":"INFO","fields":{"message":"Args"},"target":"t"}\n'],
@@ -578,6 +590,7 @@ def test_garbage_never_raises(data: bytes) -> None:
             "vllm.service: Consumed 1min 36.511s CPU time, 11.2G memory peak, 0B memory swap peak.",
             {"MESSAGE_ID": MessageId.UNIT_RESOURCES, "UNIT": UNIT},
         ),
+        ("Unit vllm.service entered failed state.", {"MESSAGE_ID": MessageId.UNIT_FAILURE_RESULT, "UNIT": UNIT}),
         ("Reached target multi-user.target - Multi-User System.", None),
         ("vllm.service: Start request repeated too quickly.", None),
         ("INFO 11-29 12:00:01 [core.py:1] Started engine.", None),
@@ -586,6 +599,42 @@ def test_garbage_never_raises(data: bytes) -> None:
 )
 def test_lifecycle_fields(message: str, want: dict | None) -> None:
     assert lifecycle_fields(message) == want
+
+
+@pytest.mark.parametrize(
+    ("line", "want"),
+    [
+        pytest.param(b"Jan 10 22:38:08 host systemd[17836]: ollama.service: Failed at step EXEC spawning /usr/local/bin/ollama: "
+                     b"Permission denied\n", {"_SYSTEMD_UNIT": "ollama.service", "MESSAGE_ID": MessageId.SPAWN_FAILED},
+                     id="the step that failed"),
+        pytest.param(b"Jan 10 22:38:08 host systemd[17836]: ollama.service: Failed to execute /usr/local/bin/ollama: "
+                     b"Permission denied\n", {"_SYSTEMD_UNIT": "ollama.service"}, id="its other words, the unit's line"),
+        pytest.param(b"Jan 10 22:38:08 host systemd[2400]: Started app.service.\n", {}, id="a user manager's job line"),
+    ],
+)
+def test_systemds_forked_child_speaks_from_its_units_cgroup(line: bytes, want: dict) -> None:
+    """The process systemd forks for a unit is in the unit's cgroup when it sets up the command: journald files its
+    lines under the unit, which a short format shows only in the message's `unit: ` head."""
+    [(_, fields)] = entries([line], Format.SHORT, year=2026)
+    assert {k: fields[k] for k in ("_SYSTEMD_UNIT", "MESSAGE_ID") if k in fields} == want
+
+
+@pytest.mark.parametrize(
+    ("paste", "whole"),
+    [
+        pytest.param([b"> ```log\n", b"> Feb 25 17:49:00 host ollama[31]: Error: mkdir /srv: permission denied\n",
+                      b">\n", b"> > Feb 25 17:49:00 host systemd[1]: ollama.service: Failed with result 'exit-code'.\n",
+                      b"> ```\n"], True, id="quoted whole, a blank quoted line and a nested quote in it"),
+        pytest.param([b"$ vllm serve Qwen/Qwen3-8B \\\n", b"> --tensor-parallel-size 2\n", b"INFO 11-29 12:00:01 x\n"],
+                     False, id="a shell's continuation prompt is no quote of the whole"),
+    ],
+)
+def test_a_paste_quoted_whole_reads_as_itself(paste: list[bytes], whole: bool) -> None:
+    assert formats.quoted(paste) is whole
+    if whole:
+        bare = [line.lstrip(b"> ") if line.strip() != b">" else b"\n" for line in paste]
+        assert list(formats.unquote(paste)) == bare
+        assert formats.detect(list(formats.unquote(paste))) is Format.SHORT
 
 
 def test_lifecycle_only_from_pid_1() -> None:

@@ -10,6 +10,7 @@ UNITS = frozenset({U})
 STARTED = "39f53479d3a045ac8e11786248231fbf"
 EXITED = "98e322203f7a4ed290d09fe03c09fe15"
 FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
+SPAWN_FAILED = "641257651c1b4ec9a8624d7a40a9e1e7"
 
 
 @pytest.mark.parametrize(
@@ -60,6 +61,24 @@ FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
             id="lifecycle lines that change nothing are skipped",
         ),
         pytest.param({"_PID": b"1", "UNIT": b"sshd.service", "MESSAGE_ID": STARTED}, [], id="PID 1 about an unwatched unit"),
+        pytest.param(
+            {"_PID": b"17836", "_SYSTEMD_UNIT": U, "UNIT": U, "MESSAGE_ID": SPAWN_FAILED, "_SYSTEMD_INVOCATION_ID": b"ef56",
+             "MESSAGE": b"vllm.service: Failed at step EXEC spawning /opt/vllm/bin/vllm: Permission denied"},
+            [Lifecycle(5.0, U, Event.SPAWN_FAILED, "EXEC", "ef56")],
+            id="systemd's child, in the unit's cgroup, could not run its command",
+        ),
+        pytest.param(
+            {"_PID": b"17836", "_SYSTEMD_UNIT": U, "MESSAGE_ID": SPAWN_FAILED,
+             "MESSAGE": b"vllm.service: Executable /opt/vllm/bin/warm-cache missing, skipping: No such file or directory"},
+            [LogLine(5.0, U, "vllm.service: Executable /opt/vllm/bin/warm-cache missing, skipping: No such file or directory")],
+            id="the same id for an ignored command (ExecStartPre=-) that is missing: no failure",
+        ),
+        pytest.param(
+            {"_PID": b"666", "_SYSTEMD_UNIT": b"evil.service", "UNIT": U, "MESSAGE_ID": SPAWN_FAILED,
+             "MESSAGE": b"vllm.service: Failed at step EXEC spawning /opt/vllm/bin/vllm: Permission denied"},
+            [],
+            id="another unit's process saying so of the unit is ignored",
+        ),
         pytest.param(
             {"_TRANSPORT": b"driver", "MESSAGE_ID": b"a596d6fe7bfa4994828e72309e95d61e", "N_DROPPED": b"4242",
              "OBJECT_SYSTEMD_UNIT": U, "MESSAGE": b"Suppressed 4242 messages from vllm.service"},

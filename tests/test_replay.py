@@ -234,6 +234,17 @@ VLLM_OOM_TAIL = """\
         pytest.param("main: server is listening on http://127.0.0.1:8080 - starting the main loop\n^C^C\n",
                      {"engine": "llamacpp", "outcome": "ready"},
                      id="Ctrl-C after ready: the start was ready"),
+        pytest.param("Jan 10 22:38:05 host systemd[1]: ollama.service: Main process exited, code=exited, status=203/EXEC\n"
+                     "Jan 10 22:38:05 host systemd[1]: ollama.service: Failed with result 'exit-code'.\n"
+                     "Jan 10 22:38:08 host systemd[1]: ollama.service: Scheduled restart job, restart counter is at 3.\n"
+                     "Jan 10 22:38:08 host systemd[1]: Stopped Ollama Service.\n"
+                     "Jan 10 22:38:08 host systemd[1]: Started Session 3 of User root.\n"
+                     "Jan 10 22:38:08 host systemd[1]: Started Ollama Service.\n"
+                     "Jan 10 22:38:08 host systemd[17836]: ollama.service: Failed at step EXEC spawning /usr/local/bin/ollama: "
+                     "Permission denied\n",
+                     {"unit": "ollama.service", "engine": "ollama", "outcome": "failed", "failure_reason": "bad_config",
+                      "attempts": 1, "from_start": True},
+                     id="a restart loop that never runs the engine: systemd's lines alone, about a unit named after it"),
         pytest.param("INFO 07-16 05:15:18 [gpu_model_runner.py:2] Graph capturing finished in **17 secs**, took **0.55** GiB\n",
                      {"values": {"engine_graph_capture_seconds": 17.0, "graph_memory_bytes": 0.55 * 2**30}},
                      id="markdown around the numbers"),
@@ -242,6 +253,13 @@ VLLM_OOM_TAIL = """\
 def test_pasted_shapes(text, want):
     [doc] = replayed(text)
     assert {key: doc[key] for key in want} == want
+
+
+def test_systemds_lines_about_units_named_after_no_engine_are_no_start():
+    text = ("Jan 10 22:38:08 host systemd[1]: Started Session 3 of User root.\n"
+            "Jan 10 22:38:09 host systemd[1]: sshd.service: Main process exited, code=exited, status=255/EXCEPTION\n"
+            "Jan 10 22:38:09 host systemd[1]: Started OpenBSD Secure Shell server.\n")
+    assert replayed(text) == []
 
 
 def test_kubectl_logs_prefix_makes_each_pods_container_a_unit():

@@ -198,6 +198,20 @@ OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. 
             Phase.COMPILING, Reason.CRASHED, Outcome.FAILED, id="PID 1: core dump",
         ),
         pytest.param(
+            [pid1(30, Event.EXITED, "exited/1/FAILURE")],
+            Phase.COMPILING, Reason.CRASHED, Outcome.FAILED, id="PID 1: the engine exited non-zero",
+        ),
+        pytest.param(
+            [pid1(30, Event.EXITED, "exited/217/USER")],
+            Phase.COMPILING, Reason.BAD_CONFIG, Outcome.FAILED,
+            id="PID 1: systemd's own exit status, a step of setting up the command failed (User=)",
+        ),
+        pytest.param(
+            [pid1(30, Event.SPAWN_FAILED, "EXEC")],
+            Phase.COMPILING, Reason.BAD_CONFIG, Outcome.FAILED,
+            id="systemd's child could not run the command (ExecStart= missing, not executable)",
+        ),
+        pytest.param(
             [pid1(30, Event.STOPPING), pid1(31, Event.EXITED, "killed/15/TERM"), procs(32)],
             None, None, Outcome.STOPPED, id="an operator stopped it: no failure",
         ),
@@ -249,6 +263,27 @@ def test_restart_with_a_new_invocation_is_a_new_attempt():
     assert state.phase is Phase.LAUNCHING
     assert state.failures == {(Phase.COMPILING, Reason.EXITED): 1}
     assert state.values == {}
+
+
+# A pasted journal: PID 1's lines and the engine's, without invocation ids or a process side.
+PASTED = [pid1(0, Event.STARTED, inv=""), line(1, "vLLM API server version 0.11.0", inv=""),
+          line(21, "Using cache directory: /root/.cache/vllm/torch_compile_cache/7522dc03ce/rank_0_0/backbone", inv="")]
+
+
+@pytest.mark.parametrize(
+    ("tail", "started", "phase", "startups"),
+    [
+        pytest.param([pid1(40, Event.EXITED, "exited/1/FAILURE", inv=""), pid1(40, Event.FAILED, "exit-code", inv=""),
+                      pid1(42, Event.RESTART_SCHEDULED, inv=""), pid1(42, Event.STARTED, inv="")],
+                     42, Phase.LAUNCHING, {Outcome.FAILED: 1}, id="a restart loop's next Started: the failed start is over"),
+        pytest.param([line(30, "INFO:     Application startup complete.", inv=""), pid1(31, Event.STARTED, inv="")],
+                     0, Phase.READY, {Outcome.READY: 1}, id="Type=notify: PID 1's Started after ready is the same start"),
+    ],
+)
+def test_pid1s_started_without_invocation_ids(tail, started, phase, startups):
+    """Without invocation ids, PID 1's Started alone tells a restart from the start it follows."""
+    state = fold([*PASTED, *tail])
+    assert (state.attempt.started, state.phase, state.startups) == (started, phase, startups)
 
 
 def test_processes_replaced_between_two_samples_is_a_new_attempt():

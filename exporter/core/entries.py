@@ -48,6 +48,7 @@ class MessageId(StrEnum):
     UNIT_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
     UNIT_OUT_OF_MEMORY = "fe6faa94e7774663a0da52717891d8ef"
     JOURNAL_DROPPED = "a596d6fe7bfa4994828e72309e95d61e"  # journald: "Suppressed N messages from UNIT"
+    SPAWN_FAILED = "641257651c1b4ec9a8624d7a40a9e1e7"  # "UNIT: Failed at step EXEC spawning PATH: …"
 
 
 # PID 1's unit lifecycle messages (src/systemd/sd-messages.h); text differs across versions, ids do not.
@@ -63,8 +64,12 @@ LIFECYCLE_IDS: Mapping[str, Event] = frozen_map(
         MessageId.UNIT_OUT_OF_MEMORY: Event.OOM_KILLED,
     }
 )
-EXIT = re.compile(r"Main process exited, code=(\w+), status=(\d+)/(\w+)")
+EXIT = re.compile(r"[Mm]ain process exited, code=(\w+), status=(\d+)/(\w+)")
 FAILED_RESULT = re.compile(r"Failed with result '([\w-]+)'")
+# The process systemd forked for the unit, already in the unit's cgroup, says which step of its set-up failed
+# (ExecStart's binary missing or not executable, User=, WorkingDirectory=…) and exits. The same id, at
+# level info, says an ignored `-` command is missing: no failure.
+SPAWN = re.compile(r"Failed at step (\w+) spawning ")
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d{1,6})\b")
 COUNT = re.compile(r"[0-9]{1,12}")  # ASCII digits, bounded: a saved log can hold anything
 
@@ -118,6 +123,8 @@ def to_observations(
         # the runtime's own invocation id is no start of the container's: its starts are told by its processes
         invocation = "" if container else _text(fields.get("_SYSTEMD_INVOCATION_ID"))
         message = fields.get("MESSAGE", b"")
+        if _text(fields.get("MESSAGE_ID")) == MessageId.SPAWN_FAILED and (found := SPAWN.search(_text(message))):
+            return [Lifecycle(t, unit, Event.SPAWN_FAILED, found.group(1), invocation)]
         return log_lines(message[0] if isinstance(message, list) and message else message or b"", t, unit, invocation)
     subject = _text(fields.get("UNIT"))
     if subject not in units or _text(fields.get("_PID")) != "1":

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from enum import StrEnum
 
-from exporter.core.entries import FIELDS, MessageId
+from exporter.core.entries import FIELDS, SPAWN, MessageId
 from exporter.core.lines import ANSI, COMPOSE
 
 # The journal fields a replay keeps; everything else is dropped.
@@ -67,8 +67,10 @@ KUBECTL_PREFIX = re.compile(rb"\[pod/([^/\]\s]+/[^/\]\s]+)\] ")  # `kubectl logs
 FIELD_NAME = re.compile(rb"[A-Z_][A-Z0-9_]{0,63}")
 # journalctl's "-- Boot … --", "-- No entries --", "-- Logs begin at … --" lines
 SEPARATOR = re.compile(rb"-- .* --")
-# journalctl -x's explanatory catalog lines (`░░ Subject: …`), and a markdown fence around a pasted log
-SAYS_NOTHING = ("░░".encode(), b"```", b"~~~")
+# journalctl -x's explanatory catalog lines (`░░ Subject: …`; `-- Subject: …` before systemd 246), and a
+# markdown fence around a pasted log
+SAYS_NOTHING = ("░░".encode(), b"-- ", b"```", b"~~~")
+QUOTE = re.compile(rb"(?:>[ \t]?)+")  # a markdown quote's marks, nested too
 
 _ZONE = rb"(Z|[+-]\d\d:?\d\d)"
 _FRACTION = rb"(?:[.,](\d{1,9}))?"
@@ -79,7 +81,8 @@ SHORT_TIME = re.compile(
     rb"([^\s\d.]{3,12}\.?|\d{1,2}\xe6\x9c\x88) ?([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? "
 )
 ISO_TIME = re.compile(rb"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)" + _FRACTION + _ZONE + rb" ")
-SYSLOG_HEAD = re.compile(rb"(?:[^\s\[\]:]+ )?([^\s\[\]:]+)(?:\[(\d+)\])?:(?: |$)")
+# "host ident[pid]: "; a host a user hid behind a placeholder may hold spaces (`<ollama server>`)
+SYSLOG_HEAD = re.compile(rb"(?:<[^<>]{1,64}> |[^\s\[\]:]+ )?([^\s\[\]:]+)(?:\[(\d+)\])?:(?: |$)")
 # The CRI logging format (kubelet's CRI spec): RFC 3339 time, stream, tags (P: a part of a longer line,
 # F: the end of one), one space, the content. containerd writes Go's RFC3339Nano, whose zeros are trimmed.
 CRI_RECORD = re.compile(
@@ -249,6 +252,20 @@ def _classify(line: bytes) -> Format | None:
     return Format.PLAIN
 
 
+def quoted(head: list[bytes]) -> bool:
+    """Whether a paste is quoted whole in markdown: every line of its head that says anything begins with `>`
+    (a quoted fence, a quoted journal). The quote is around the paste, in none of its lines, and hides their
+    format; `unquote` takes it off."""
+    said = [line for line in map(_line, head) if line.strip()]
+    return bool(said) and all(line.startswith(b">") for line in said)
+
+
+def unquote(lines: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a paste quoted whole, without the quote (`> `, nested `> > `)."""
+    for raw in lines:
+        yield raw[QUOTE.match(raw).end() :] if raw.startswith(b">") else raw  # type: ignore[union-attr]
+
+
 def detect(head: list[bytes]) -> Format:
     """The format of a saved log, from its first lines (raw, with or without their terminators).
 
@@ -288,12 +305,18 @@ _JOB_SUBJECT = re.compile(_UNIT + r"(?: - .*)?")
 _UNIT_TEXTS = (
     (re.compile(_UNIT + r": [Mm]ain process exited, code=\w+, status=\S+"), MessageId.UNIT_PROCESS_EXIT),
     (re.compile(_UNIT + r": Failed with result '(?P<result>[\w-]+)'\."), MessageId.UNIT_FAILURE_RESULT),
+    (re.compile(r"Unit " + _UNIT + r" entered failed state\."), MessageId.UNIT_FAILURE_RESULT),  # ≤ v235
     (re.compile(_UNIT + r": Scheduled restart job, restart counter is at \d+\."), MessageId.UNIT_RESTART_SCHEDULED),
     (re.compile(_UNIT + r" holdoff time over, scheduling restart\."), MessageId.UNIT_RESTART_SCHEDULED),  # ≤ v235
     (re.compile(_UNIT + r": Deactivated successfully\."), MessageId.UNIT_SUCCESS),
     (re.compile(_UNIT + r": A process of this unit has been killed by the OOM killer\."), MessageId.UNIT_OUT_OF_MEMORY),
     (re.compile(_UNIT + r": Consumed .+ CPU time\b.*"), MessageId.UNIT_RESOURCES),
 )
+
+
+# A process systemd forked for a unit, already in the unit's cgroup, says "unit: text" as it sets up the command
+# (and, failing, which step failed): journald files its lines under that unit, not under PID 1.
+_CHILD_TEXT = re.compile(_UNIT + r": ")
 
 
 def lifecycle_fields(message: str) -> dict[str, str] | None:
@@ -307,8 +330,8 @@ def lifecycle_fields(message: str) -> dict[str, str] | None:
     for pattern, message_id in _UNIT_TEXTS:
         if found := pattern.fullmatch(message):
             fields = {"MESSAGE_ID": message_id, "UNIT": found["unit"]}
-            if message_id == MessageId.UNIT_FAILURE_RESULT:
-                fields["UNIT_RESULT"] = found["result"]
+            if result := found.groupdict().get("result"):
+                fields["UNIT_RESULT"] = result
             return fields
     for pattern, message_id in _JOB_TEXTS:
         if found := pattern.fullmatch(message):
@@ -521,6 +544,10 @@ def _short(lines: Iterable[bytes], years: _Years, tz: tzinfo | None) -> Iterator
         ident, pid = fields.get("SYSLOG_IDENTIFIER"), fields.get("_PID")
         if ident == "systemd" and pid == "1" and isinstance(fields["MESSAGE"], str):
             fields.update(lifecycle_fields(fields["MESSAGE"]) or {})
+        elif ident == "systemd" and isinstance(fields["MESSAGE"], str) and (child := _CHILD_TEXT.match(fields["MESSAGE"])):
+            fields["_SYSTEMD_UNIT"] = child["unit"]
+            if SPAWN.match(fields["MESSAGE"], child.end()):
+                fields["MESSAGE_ID"] = MessageId.SPAWN_FAILED
         elif ident == "kernel" and pid is None:
             fields["_TRANSPORT"] = "kernel"
         return t, fields

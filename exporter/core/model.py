@@ -108,6 +108,7 @@ class Event(StrEnum):
     STOPPING = "stopping"
     STOPPED = "stopped"
     OOM_KILLED = "oom_killed"
+    SPAWN_FAILED = "spawn_failed"  # not PID 1's: its child, in the unit's cgroup, could not run the command
 
 
 def frozen_map(d: Mapping | None = None) -> Mapping:  # type: ignore[type-arg]

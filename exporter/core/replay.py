@@ -6,6 +6,7 @@ through `tracker.advance`, exactly as the agent folds the live journal, minus th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -33,6 +34,9 @@ SNIFF = 500  # records of a unit read before its engine is chosen from them
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value or "")
+
+
+WORD = re.compile(r"[a-z0-9]+")
 
 
 def unit_of(fields: Fields, default: str) -> str:
@@ -105,6 +109,7 @@ class _Unit:
         self.state = UnitState(unit, engine or "")
         self.attempts = 0
         self.from_start: bool | None = None  # for the current attempt, once its first marker is seen
+        self.pid1 = False  # PID 1 spoke of it: its name is systemd's
 
 
 class Replay:
@@ -159,6 +164,8 @@ class Replay:
         if own and not fields.get("_SYSTEMD_UNIT"):
             fields = {**fields, "_SYSTEMD_UNIT": own}  # a short-format line: named by its identifier
         unit = own or _text(fields.get("UNIT"))  # PID 1 speaking about a unit
+        if not unit and (unit := self._described(fields)):
+            fields = {**fields, "UNIT": unit}
         if not unit or (self.only and unit not in self.only):
             return
         known = self.units.get(unit) or self._new(unit)
@@ -166,9 +173,20 @@ class Replay:
             known.names.add(ident)
         for obs in to_observations(fields, now, frozenset({unit})):
             if isinstance(obs, (LogLine, Lifecycle)):  # no process side and no GPUs in a saved log
+                known.pid1 |= isinstance(obs, Lifecycle)
                 if self.first is not None and obs.t < self.first:  # a bar dated back past the log's start
                     obs = replace(obs, t=self.first)
                 self._fold(known, obs)
+
+    def _described(self, fields: Fields) -> str:
+        """The unit a job line of PID 1 that names only a description is about ("Started Ollama Service.": older
+        systemd, and every unit without the `unit - ` form): the one unit of the log so far whose name's first
+        word is a word of the description, if there is exactly one."""
+        if _text(fields.get("_PID")) != "1" or not fields.get("MESSAGE_ID"):
+            return ""
+        words = set(WORD.findall(_text(fields.get("MESSAGE")).lower()))
+        [*about] = (u for u in self.units if (first := WORD.match(u.lower())) and first.group() in words)
+        return about[0] if len(about) == 1 else ""
 
     def _new(self, unit: str) -> _Unit:
         engine, score = (self.forced, 0) if self.forced else self.chosen.get(unit, (None, 0))
@@ -186,7 +204,7 @@ class Replay:
 
     def _choose(self, unit: _Unit) -> None:
         texts = [o.text for o in unit.pending if isinstance(o, LogLine)]
-        unit.engine, unit.score = choose_engine(texts, self.grammars.values(), sorted(unit.names))
+        unit.engine, unit.score = choose_engine(texts, self.grammars.values(), self._names(unit))
         unit.state = UnitState(unit.unit, unit.engine)
         pending, unit.pending = unit.pending, []
         for obs in pending:
@@ -206,6 +224,12 @@ class Replay:
             elif (found := grammars.match(grammar, obs.text)) and (found.phase or found.reason):
                 unit.from_start = found.phase is Phase.LAUNCHING
 
+    @staticmethod
+    def _names(unit: _Unit) -> list[str]:
+        """What the log calls the unit: its processes' identifiers, and, where PID 1 speaks of it, its systemd
+        name, which the operator may have called after its engine (ollama.service); not a name after the file."""
+        return [*sorted(unit.names), *([unit.unit] if unit.pid1 else [])]
+
     def results(self) -> list[Replayed]:
         """Every unit that looks like a model server (or was asked for), in name order."""
         self._release(None)  # a log without any time: its lines in their order, durations unknown
@@ -214,7 +238,10 @@ class Replay:
             if unit.engine is None:
                 self._choose(unit)
             asked = unit.unit in self.only or unit.unit == self.default_unit or self.forced
-            if unit.state.attempt is None or not (asked or unit.score or unit.state.phase_durations):
+            # a unit called after its engine, which PID 1 alone may speak of (a restart loop, a command never run)
+            mentions = self.grammars[unit.engine or "generic"].mentions
+            named = unit.pid1 and mentions is not None and bool(mentions.search(unit.unit))
+            if unit.state.attempt is None or not (asked or unit.score or named or unit.state.phase_durations):
                 continue
             out.append(Replayed(unit.unit, unit.engine or "generic", unit.state, unit.attempts, self.timed,
                                 unit.from_start is not False))

@@ -5,6 +5,7 @@ Never reads a clock, logs, or touches the host: `serve`, `status`, `wait` and `r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -242,11 +243,18 @@ def _forward(current: Phase, new: Phase) -> bool:
     )
 
 
+# systemd's exit statuses (systemd.exec(5), "Process Exit Codes"), as PID 1 names them: "203/EXEC"
+SYSTEMD_EXIT = re.compile(r"2(?:[0-3]\d|4[0-5])/[A-Z_]+")
+
+
 # PID 1's words for how the main process ended ("code/status/name"), when no log line said why.
 def _exit_reason(detail: str) -> Reason | None:
     code, _, status = detail.partition("/")
     if code == "exited":
-        return None if status.startswith("0/") else Reason.CRASHED
+        if status.startswith("0/"):
+            return None
+        # 200-245 are systemd's own: a step of setting up the command failed (203/EXEC, 217/USER…), before it ran
+        return Reason.BAD_CONFIG if SYSTEMD_EXIT.fullmatch(status) else Reason.CRASHED
     if code == "killed":
         return Reason.KILLED if status.split("/")[0] in ("9", "15", "2") else Reason.CRASHED
     if not code:  # it ended, how nobody said (a pasted terminal's prompt came back)
@@ -262,7 +270,11 @@ FAILED_RESULTS: Mapping[str, Reason] = frozen_map(
 def _lifecycle(state: UnitState, event: Lifecycle) -> UnitState:
     live = _live(state)
     if event.event is Event.STARTED:
-        same = live and (not event.invocation or not live.invocation or live.invocation == event.invocation)
+        # A start that failed is over, whatever its processes still do: Restart= brings the next, which a log
+        # without invocation ids (a pasted journal) tells only by this line
+        same = live and live.phase is not Phase.FAILED and (
+            not event.invocation or not live.invocation or live.invocation == event.invocation
+        )
         return state if same else _begin(state, event.t, event.invocation)
     if live is None:
         return state
@@ -277,6 +289,8 @@ def _lifecycle(state: UnitState, event: Lifecycle) -> UnitState:
         return _fail(state, event.t, reason) if reason else state
     if event.event is Event.FAILED:
         return _fail(state, event.t, FAILED_RESULTS.get(event.detail, Reason.CRASHED))
+    if event.event is Event.SPAWN_FAILED:  # systemd could not run the command as the unit configures it
+        return _fail(state, event.t, Reason.BAD_CONFIG)
     if event.event is Event.STOPPED:
         return _end(state, event.t)
     return state  # RESTART_SCHEDULED: the Started that follows begins the next attempt

@@ -7,7 +7,7 @@ import io
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
@@ -97,9 +97,13 @@ def entries(
     counted = _Counted(stream)
     reader = io.BufferedReader(counted, HEAD)
     try:
-        fmt = formats.detect(reader.peek(HEAD)[:HEAD].splitlines()[:50])
+        head = reader.peek(HEAD)[:HEAD].splitlines()[:50]
+        lines: Iterable[bytes] = reader
+        if formats.quoted(head):
+            head, lines = list(formats.unquote(head)), formats.unquote(reader)
+        fmt = formats.detect(head)
         last = 0.0
-        for entry in formats.entries(reader, fmt, unit=unit or _unit_name(source), year=year):
+        for entry in formats.entries(lines, fmt, unit=unit or _unit_name(source), year=year):
             if progress and total and time.monotonic() - last > 0.5:
                 progress(counted.read_bytes, total)
                 last = time.monotonic()
