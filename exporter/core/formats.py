@@ -70,7 +70,7 @@ SEPARATOR = re.compile(rb"-- .* --")
 # journalctl -x's explanatory catalog lines (`░░ Subject: …`; `-- Subject: …` before systemd 246), and a
 # markdown fence around a pasted log
 SAYS_NOTHING = ("░░".encode(), b"-- ", b"```", b"~~~")
-QUOTE = re.compile(rb"(?:>[ \t]?)+")  # a markdown quote's marks, nested too
+QUOTE = re.compile(rb"^(?:>[ \t]?)+")  # a markdown quote's marks, nested too
 
 _ZONE = rb"(Z|[+-]\d\d:?\d\d)"
 _FRACTION = rb"(?:[.,](\d{1,9}))?"
@@ -263,7 +263,7 @@ def quoted(head: list[bytes]) -> bool:
 def unquote(lines: Iterable[bytes]) -> Iterator[bytes]:
     """The lines of a paste quoted whole, without the quote (`> `, nested `> > `)."""
     for raw in lines:
-        yield raw[QUOTE.match(raw).end() :] if raw.startswith(b">") else raw  # type: ignore[union-attr]
+        yield QUOTE.sub(b"", raw, count=1)
 
 
 def detect(head: list[bytes]) -> Format:

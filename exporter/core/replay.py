@@ -185,7 +185,7 @@ class Replay:
         if _text(fields.get("_PID")) != "1" or not fields.get("MESSAGE_ID"):
             return ""
         words = set(WORD.findall(_text(fields.get("MESSAGE")).lower()))
-        [*about] = (u for u in self.units if (first := WORD.match(u.lower())) and first.group() in words)
+        about = [u for u in self.units if (first := WORD.match(u.lower())) and first.group() in words]
         return about[0] if len(about) == 1 else ""
 
     def _new(self, unit: str) -> _Unit:
