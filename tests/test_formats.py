@@ -605,18 +605,26 @@ def test_lifecycle_fields(message: str, want: dict | None) -> None:
     ("line", "want"),
     [
         pytest.param(b"Jan 10 22:38:08 host systemd[17836]: ollama.service: Failed at step EXEC spawning /usr/local/bin/ollama: "
-                     b"Permission denied\n", {"_SYSTEMD_UNIT": "ollama.service", "MESSAGE_ID": MessageId.SPAWN_FAILED},
-                     id="the step that failed"),
+                     b"Permission denied\n",
+                     {"_PID": "17836", "_SYSTEMD_UNIT": "ollama.service", "MESSAGE_ID": MessageId.SPAWN_FAILED},
+                     id="systemd's forked child: the step that failed, from the unit's cgroup"),
         pytest.param(b"Jan 10 22:38:08 host systemd[17836]: ollama.service: Failed to execute /usr/local/bin/ollama: "
-                     b"Permission denied\n", {"_SYSTEMD_UNIT": "ollama.service"}, id="its other words, the unit's line"),
-        pytest.param(b"Jan 10 22:38:08 host systemd[2400]: Started app.service.\n", {}, id="a user manager's job line"),
+                     b"Permission denied\n", {"_PID": "17836", "_SYSTEMD_UNIT": "ollama.service"},
+                     id="its other words: the unit's own line"),
+        pytest.param(b"Feb 22 06:55:53 host systemd[1643]: Started openclaw-vllm.service - OpenClaw local vLLM server.\n",
+                     {"_PID": "1", "MESSAGE_ID": MessageId.UNIT_STARTED, "UNIT": "openclaw-vllm.service"},
+                     id="a user manager's job line (journalctl --user): PID 1 to its units"),
+        pytest.param(b"Feb 22 06:55:47 host systemd[1643]: openclaw-vllm.service: Main process exited, code=exited, "
+                     b"status=1/FAILURE\n", {"_PID": "1", "MESSAGE_ID": MessageId.UNIT_PROCESS_EXIT, "UNIT": "openclaw-vllm.service"},
+                     id="a user manager's unit line"),
     ],
 )
-def test_systemds_forked_child_speaks_from_its_units_cgroup(line: bytes, want: dict) -> None:
-    """The process systemd forks for a unit is in the unit's cgroup when it sets up the command: journald files its
-    lines under the unit, which a short format shows only in the message's `unit: ` head."""
+def test_systemds_own_lines_besides_pid_1s(line: bytes, want: dict) -> None:
+    """Who else speaks as systemd in a short format: the process it forks for a unit, in the unit's cgroup as it sets
+    up the command (journald files its lines under the unit, which only the message's `unit: ` head shows), and a
+    user manager, which is to its units what PID 1 is to the system's."""
     [(_, fields)] = entries([line], Format.SHORT, year=2026)
-    assert {k: fields[k] for k in ("_SYSTEMD_UNIT", "MESSAGE_ID") if k in fields} == want
+    assert {k: fields[k] for k in ("_PID", "_SYSTEMD_UNIT", "MESSAGE_ID", "UNIT") if k in fields} == want
 
 
 @pytest.mark.parametrize(
@@ -630,11 +638,31 @@ def test_systemds_forked_child_speaks_from_its_units_cgroup(line: bytes, want: d
     ],
 )
 def test_a_paste_quoted_whole_reads_as_itself(paste: list[bytes], whole: bool) -> None:
-    assert formats.quoted(paste) is whole
-    if whole:
+    frame = formats.paste_frame(paste)
+    assert (frame is not None) is whole
+    if frame is not None:
         bare = [line.lstrip(b"> ") if line.strip() != b">" else b"\n" for line in paste]
-        assert list(formats.unquote(paste)) == bare
-        assert formats.detect(list(formats.unquote(paste))) is Format.SHORT
+        assert list(formats.unframed(paste, frame)) == bare
+        assert formats.detect(bare) is Format.SHORT
+
+
+@pytest.mark.parametrize(
+    ("paste", "framed"),
+    [
+        pytest.param([b"9:Feb 26 17:41:22 host python3.12[409240]: ValueError: Free memory on device cuda:0\n",
+                      b"67:Feb 26 17:41:24 host systemd[1669]: vllm.service: Main process exited, code=exited, status=1/FAILURE\n",
+                      b"68-Feb 26 17:41:24 host systemd[1669]: vllm.service: Failed with result 'exit-code'.\n"],
+                     True, id="grep -n, and its context lines"),
+        pytest.param([b"     1\tFeb 26 17:41:22 host vllm[40]: INFO 02-26 17:41:22 [core.py:1] x\n"] * 2, True, id="cat -n"),
+        pytest.param([b"12:00:01 INFO starting\n", b"12:00:02 INFO loading\n"], False, id="a time of day is no line number"),
+        pytest.param([b"2026-02-26T17:41:22Z INFO x\n"] * 2, False, id="nor is a date"),
+    ],
+)
+def test_a_pastes_line_numbers_are_its_frame(paste: list[bytes], framed: bool) -> None:
+    frame = formats.paste_frame(paste)
+    assert (frame is not None) is framed
+    if frame is not None:
+        assert formats.detect(list(formats.unframed(paste, frame))) is Format.SHORT
 
 
 def test_lifecycle_only_from_pid_1() -> None:

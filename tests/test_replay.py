@@ -243,8 +243,25 @@ VLLM_OOM_TAIL = """\
                      "Jan 10 22:38:08 host systemd[17836]: ollama.service: Failed at step EXEC spawning /usr/local/bin/ollama: "
                      "Permission denied\n",
                      {"unit": "ollama.service", "engine": "ollama", "outcome": "failed", "failure_reason": "bad_config",
-                      "attempts": 1, "from_start": True},
+                      "attempts": 2, "from_start": True},
                      id="a restart loop that never runs the engine: systemd's lines alone, about a unit named after it"),
+        pytest.param("\u25cf ollama.service - Ollama Service\n"
+                     "     Loaded: loaded (/etc/systemd/system/ollama.service; enabled; vendor preset: enabled)\n"
+                     "     Active: active (running) since Sat 2025-02-15 23:56:25 CST; 9h ago\n"
+                     "   Main PID: 1403868 (ollama)\n"
+                     "     CGroup: /system.slice/ollama.service\n"
+                     "             \u2514\u25001403868 /usr/bin/ollama serve\n\n"
+                     "Feb 15 23:56:26 gpuws ollama[1403868]: CUDA driver version: 12.4\n",
+                     {"unit": "ollama.service", "engine": "ollama", "outcome": "incomplete", "from_start": True,
+                      "startup_seconds": 1.0},
+                     id="systemctl status: its head says since when the unit runs"),
+        pytest.param("\u25cf ollama3.service - ollama3\n"
+                     "   Active: failed (Result: exit-code) since Thu 2025-10-02 11:22:18 CEST; 24min ago\n"
+                     " Main PID: 536622 (code=exited, status=2)\n\n"
+                     "Okt 02 11:22:18 srv-4 ollama[536622]: github.com/ollama/ollama/envconfig.Models()\n",
+                     {"unit": "ollama3.service", "engine": "ollama", "outcome": "failed", "failure_reason": "crashed",
+                      "from_start": False},
+                     id="systemctl status of a unit that failed: the lines below its head are its, whatever they are called"),
         pytest.param("INFO 07-16 05:15:18 [gpu_model_runner.py:2] Graph capturing finished in **17 secs**, took **0.55** GiB\n",
                      {"values": {"engine_graph_capture_seconds": 17.0, "graph_memory_bytes": 0.55 * 2**30}},
                      id="markdown around the numbers"),

@@ -286,6 +286,23 @@ def test_pid1s_started_without_invocation_ids(tail, started, phase, startups):
     assert (state.attempt.started, state.phase, state.startups) == (started, phase, startups)
 
 
+@pytest.mark.parametrize(
+    ("observations", "failures"),
+    [
+        pytest.param([pid1(40, Event.OOM_KILLED, inv=""), pid1(40, Event.EXITED, "killed/9/KILL", inv=""),
+                      pid1(40, Event.FAILED, "oom-kill", inv="")],
+                     {(Phase.LAUNCHING, Reason.HOST_OOM_KILLED): 1}, id="PID 1's word on how it failed"),
+        pytest.param([pid1(40, Event.EXITED, "exited/0/SUCCESS", inv=""), pid1(40, Event.STOPPED, inv="")], {},
+                     id="a clean exit: nothing"),
+    ],
+)
+def test_a_start_never_seen_that_failed_is_a_failed_start(observations, failures):
+    """An excerpt, or a journal vacuumed past the start: the first word of the unit says how a start ended."""
+    state = fold(observations)
+    assert state.failures == failures
+    assert state.startups == ({Outcome.FAILED: 1} if failures else {})
+
+
 def test_processes_replaced_between_two_samples_is_a_new_attempt():
     state = fold([*TO_COMPILE, procs(24, 20, cpu=1, started=23.5)])
     assert state.attempt.started == 23.5

@@ -47,6 +47,7 @@ class MessageId(StrEnum):
     UNIT_FAILURE_RESULT = "d9b373ed55a64feb8242e02dbe79a49c"
     UNIT_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
     UNIT_OUT_OF_MEMORY = "fe6faa94e7774663a0da52717891d8ef"
+    UNIT_OOMD_KILL = "d989611b15e44c9dbf31e3c81256e4ed"  # "UNIT: systemd-oomd killed N process(es) in this unit."
     JOURNAL_DROPPED = "a596d6fe7bfa4994828e72309e95d61e"  # journald: "Suppressed N messages from UNIT"
     SPAWN_FAILED = "641257651c1b4ec9a8624d7a40a9e1e7"  # "UNIT: Failed at step EXEC spawning PATH: …"
 
@@ -62,6 +63,7 @@ LIFECYCLE_IDS: Mapping[str, Event] = frozen_map(
         MessageId.UNIT_STOPPED: Event.STOPPED,
         MessageId.UNIT_SUCCESS: Event.STOPPED,  # "Deactivated successfully."
         MessageId.UNIT_OUT_OF_MEMORY: Event.OOM_KILLED,
+        MessageId.UNIT_OOMD_KILL: Event.OOM_KILLED,  # systemd-oomd's, under memory pressure, before the kernel's
     }
 )
 EXIT = re.compile(r"[Mm]ain process exited, code=(\w+), status=(\d+)/(\w+)")

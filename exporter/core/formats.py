@@ -9,7 +9,7 @@ import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from enum import StrEnum
 
@@ -70,7 +70,9 @@ SEPARATOR = re.compile(rb"-- .* --")
 # journalctl -x's explanatory catalog lines (`░░ Subject: …`; `-- Subject: …` before systemd 246), and a
 # markdown fence around a pasted log
 SAYS_NOTHING = ("░░".encode(), b"-- ", b"```", b"~~~")
-QUOTE = re.compile(rb"^(?:>[ \t]?)+")  # a markdown quote's marks, nested too
+# What a paste may carry on every line, around the log: a markdown quote's marks (nested too); `grep -n`'s line
+# numbers (`109:`, `110-` beside a match), `cat -n`'s. A number followed by a digit is a time's or a date's.
+PASTE_FRAMES = (re.compile(rb"^(?:>[ \t]?)+"), re.compile(rb"^\d{1,7}[:-](?=\D)"), re.compile(rb"^ *\d{1,7}\t"))
 
 _ZONE = rb"(Z|[+-]\d\d:?\d\d)"
 _FRACTION = rb"(?:[.,](\d{1,9}))?"
@@ -252,18 +254,18 @@ def _classify(line: bytes) -> Format | None:
     return Format.PLAIN
 
 
-def quoted(head: list[bytes]) -> bool:
-    """Whether a paste is quoted whole in markdown: every line of its head that says anything begins with `>`
-    (a quoted fence, a quoted journal). The quote is around the paste, in none of its lines, and hides their
-    format; `unquote` takes it off."""
-    said = [line for line in map(_line, head) if line.strip()]
-    return bool(said) and all(line.startswith(b">") for line in said)
+def paste_frame(head: list[bytes]) -> re.Pattern[bytes] | None:
+    """The frame around every line of a paste (PASTE_FRAMES: a markdown quote, `grep -n`'s numbers), when every
+    line of its head that says anything is in it: the frame is the paste's, in none of its lines, and hides
+    their format. `unframed` takes it off."""
+    said = [line for line in map(_line, head) if line.strip() and not line.startswith((b"```", b"~~~"))]  # a fence outside
+    return next((frame for frame in PASTE_FRAMES if said and all(frame.match(line) for line in said)), None)
 
 
-def unquote(lines: Iterable[bytes]) -> Iterator[bytes]:
-    """The lines of a paste quoted whole, without the quote (`> `, nested `> > `)."""
+def unframed(lines: Iterable[bytes], frame: re.Pattern[bytes]) -> Iterator[bytes]:
+    """The lines of a paste without its frame."""
     for raw in lines:
-        yield QUOTE.sub(b"", raw, count=1)
+        yield frame.sub(b"", raw, count=1)
 
 
 def detect(head: list[bytes]) -> Format:
@@ -310,6 +312,9 @@ _UNIT_TEXTS = (
     (re.compile(_UNIT + r" holdoff time over, scheduling restart\."), MessageId.UNIT_RESTART_SCHEDULED),  # ≤ v235
     (re.compile(_UNIT + r": Deactivated successfully\."), MessageId.UNIT_SUCCESS),
     (re.compile(_UNIT + r": A process of this unit has been killed by the OOM killer\."), MessageId.UNIT_OUT_OF_MEMORY),
+    # a glyph first (`[🡕] `) where journalctl marks the line
+    (re.compile(r"(?:\[\S{1,2}\] )?" + _UNIT + r": systemd-oomd killed \d+ process\(es\) in this unit\."),
+     MessageId.UNIT_OOMD_KILL),
     (re.compile(_UNIT + r": Consumed .+ CPU time\b.*"), MessageId.UNIT_RESOURCES),
 )
 
@@ -532,18 +537,67 @@ def _export(chunks: Iterable[bytes]) -> Iterator[tuple[float | None, Fields]]:
         yield t, fields
 
 
+# `systemctl status UNIT` prints a head above the unit's last journal lines: the unit (after a bullet: ● ○ × ↻,
+# or `*` on a console without UTF-8), its state and since when, and how its main process ended.
+STATUS_HEAD = re.compile("(?:\u25cf|\u25cb|\u00d7|\u21bb|\\*) ".encode() + _UNIT.encode() + rb"(?: - .*)?")
+STATUS_ACTIVE = re.compile(
+    rb"\s+Active: (?P<state>[\w-]+)(?: \([\w-]+\))?(?: \(Result: (?P<result>[\w-]+)\))? since \w+ "
+    rb"(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)"
+)
+STATUS_MAIN_EXIT = re.compile(rb"\s+Main PID: \d+ \(code=(?P<code>\w+), status=(?P<status>\d+)(?:/(?P<name>\w+))?\)")
+
+
+@dataclass
+class _StatusHead:
+    """What a `systemctl status` head says, as the lines PID 1 logged: a unit active since a time was Started then;
+    one that failed (or waits to restart after failing) ended so at that time, which comes after the journal's
+    lines below the head, so those words wait for the head's end (`ended`)."""
+
+    unit: str
+    since: float | None = None
+    failed: list[tuple[float | None, Fields]] = field(default_factory=list)
+
+    def read(self, line: bytes, tz: tzinfo | None) -> list[tuple[float | None, Fields]] | None:
+        """PID 1's lines this line of the head says ([] for none yet), or None for a line of another kind."""
+        if found := STATUS_ACTIVE.match(line):
+            self.since = _stamp((*found.groups()[2:], None), tz)
+            if found["result"]:
+                self.failed.append(self._pid1(MessageId.UNIT_FAILURE_RESULT, f"{self.unit}: Failed with result "
+                                              f"'{found['result'].decode()}'.", UNIT_RESULT=found["result"].decode()))
+                return []
+            if found["state"] in (b"active", b"activating", b"reloading"):
+                return [self._pid1(MessageId.UNIT_STARTED, f"Started {self.unit}.")]
+            return []
+        if (found := STATUS_MAIN_EXIT.match(line)) and self.since is not None:
+            name = (found["name"] or b"n/a").decode()
+            self.failed.insert(0, self._pid1(MessageId.UNIT_PROCESS_EXIT, f"{self.unit}: Main process exited, code="
+                                             f"{found['code'].decode()}, status={found['status'].decode()}/{name}"))
+            return []
+        return None
+
+    def ended(self) -> list[tuple[float | None, Fields]]:
+        return self.failed
+
+    def _pid1(self, message_id: str, message: str, **extra: str) -> tuple[float | None, Fields]:
+        return self.since, {"SYSLOG_IDENTIFIER": "systemd", "_PID": "1", "MESSAGE_ID": message_id, "UNIT": self.unit,
+                            "MESSAGE": message, **extra}
+
+
 def _short(lines: Iterable[bytes], years: _Years, tz: tzinfo | None) -> Iterator[tuple[float | None, Fields]]:
     """journalctl short, short-precise and short-iso[-precise]; journalctl prints the later lines of
-    a multi-line MESSAGE indented under the first, so they are joined back with \\n."""
+    a multi-line MESSAGE indented under the first, so they are joined back with \\n. `systemctl status`'s
+    head above them says what PID 1 would have (_StatusHead)."""
     pending: tuple[float | None, Fields, list[bytes], int] | None = None
+    status: _StatusHead | None = None
 
     def finish() -> tuple[float | None, Fields]:
         assert pending is not None
         t, fields, parts, _ = pending
         fields["MESSAGE"] = _text(b"\n".join(parts))
         ident, pid = fields.get("SYSLOG_IDENTIFIER"), fields.get("_PID")
-        if ident == "systemd" and pid == "1" and isinstance(fields["MESSAGE"], str):
-            fields.update(lifecycle_fields(fields["MESSAGE"]) or {})
+        if ident == "systemd" and isinstance(fields["MESSAGE"], str) and (said := lifecycle_fields(fields["MESSAGE"])):
+            # PID 1's, or a user manager's (`journalctl --user`), which is PID 1 to its units
+            fields.update(said, _PID="1")
         elif ident == "systemd" and isinstance(fields["MESSAGE"], str) and (child := _CHILD_TEXT.match(fields["MESSAGE"])):
             fields["_SYSTEMD_UNIT"] = child["unit"]
             if SPAWN.match(fields["MESSAGE"], child.end()):
@@ -554,6 +608,17 @@ def _short(lines: Iterable[bytes], years: _Years, tz: tzinfo | None) -> Iterator
 
     for raw in lines:
         line = _line(raw)
+        if head := STATUS_HEAD.fullmatch(line[:HEAD]):
+            if pending is not None:
+                yield finish()
+                pending = None
+            if status is not None:
+                yield from status.ended()
+            status = _StatusHead(head["unit"].decode("utf-8", "replace"))
+            continue
+        if status is not None and pending is None and (said := status.read(line[:HEAD], tz)) is not None:
+            yield from said
+            continue
         if pending is not None and line[:1] in (b" ", b"\t"):
             indent = pending[3]
             stripped = line.lstrip(b" ")
@@ -576,9 +641,13 @@ def _short(lines: Iterable[bytes], years: _Years, tz: tzinfo | None) -> Iterator
             if found.group(2):
                 fields["_PID"] = _ascii(found.group(2))
             start = found.end()
+        if status is not None and fields.get("SYSLOG_IDENTIFIER") not in ("systemd", "kernel"):
+            fields["_SYSTEMD_UNIT"] = status.unit  # the lines below the head are the unit's, whatever runs in it
         pending = (t, fields, [line[start:]], start)
     if pending is not None:
         yield finish()
+    if status is not None:
+        yield from status.ended()
 
 
 def _short_time(head: bytes, years: _Years, tz: tzinfo | None) -> tuple[float | None, int]:

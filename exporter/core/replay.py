@@ -15,6 +15,7 @@ from exporter.core import grammar as grammars
 from exporter.core.grammar import Grammar
 from exporter.core.model import (
     Attempt,
+    Event,
     Lifecycle,
     Limits,
     LogLine,
@@ -37,6 +38,15 @@ def _text(value: Any) -> str:
 
 
 WORD = re.compile(r"[a-z0-9]+")
+UNDESCRIBED = 16  # description-only job lines kept until a unit they describe appears
+# What runs an engine for a unit and names its lines in a short format in the unit's stead (ExecStart=/usr/bin/env …,
+# python3.12 -m vllm …, a wrapper script): its lines are those of the unit PID 1 then speaks of.
+LAUNCHER = re.compile(r"env|sh|bash|dash|python[\d.]*|uv|[\w.-]+\.sh")
+
+
+def _described_only(fields: Fields) -> bool:
+    """A job line of PID 1 that names no unit, only a description (`Started Ollama Service.`)."""
+    return _text(fields.get("_PID")) == "1" and bool(fields.get("MESSAGE_ID")) and not fields.get("UNIT")
 
 
 def unit_of(fields: Fields, default: str) -> str:
@@ -110,6 +120,7 @@ class _Unit:
         self.attempts = 0
         self.from_start: bool | None = None  # for the current attempt, once its first marker is seen
         self.pid1 = False  # PID 1 spoke of it: its name is systemd's
+        self.launcher = False  # named after the launcher of its engine (LAUNCHER), not after itself
 
 
 class Replay:
@@ -135,6 +146,10 @@ class Replay:
         self.t: float | None = None  # the last time a line carried
         self.first: float | None = None  # the log's first time
         self.untimed: list[Fields] = []  # lines before the first time, waiting for it
+        # PID 1's job lines naming only a description before any unit they could be about (a paste's first
+        # `Started Ollama Service.`), waiting for one; a few: a whole host's journal has many for other units
+        self.undescribed: list[tuple[float, Fields]] = []
+        self.launched: dict[str, str] = {}  # a launcher's name → the unit PID 1 speaks of
         self.lines = 0
         self.timed = False
 
@@ -162,12 +177,18 @@ class Replay:
     def _entry(self, now: float, fields: Fields) -> None:
         own = unit_of(fields, self.default_unit)
         if own and not fields.get("_SYSTEMD_UNIT"):
+            own = self.launched.get(own, own)
             fields = {**fields, "_SYSTEMD_UNIT": own}  # a short-format line: named by its identifier
         unit = own or _text(fields.get("UNIT"))  # PID 1 speaking about a unit
-        if not unit and (unit := self._described(fields)):
+        if not unit and _described_only(fields):
+            if not (unit := self._described(fields)):
+                self.undescribed = [*self.undescribed[-(UNDESCRIBED - 1) :], (now, fields)]
+                return
             fields = {**fields, "UNIT": unit}
         if not unit or (self.only and unit not in self.only):
             return
+        if not own and unit not in self.units:
+            self._adopt(unit)
         known = self.units.get(unit) or self._new(unit)
         if own and (ident := _text(fields.get("SYSLOG_IDENTIFIER"))):
             known.names.add(ident)
@@ -182,15 +203,29 @@ class Replay:
         """The unit a job line of PID 1 that names only a description is about ("Started Ollama Service.": older
         systemd, and every unit without the `unit - ` form): the one unit of the log so far whose name's first
         word is a word of the description, if there is exactly one."""
-        if _text(fields.get("_PID")) != "1" or not fields.get("MESSAGE_ID"):
-            return ""
         words = set(WORD.findall(_text(fields.get("MESSAGE")).lower()))
         about = [u for u in self.units if (first := WORD.match(u.lower())) and first.group() in words]
         return about[0] if len(about) == 1 else ""
 
+    def _adopt(self, unit: str) -> None:
+        """PID 1 speaks of `unit` for the first time: the one unit so far named after a launcher, and not spoken of
+        by PID 1, is this one (`journalctl -u vllm` of a unit that runs `env python3 -m vllm …`)."""
+        launched = [u for u in self.units.values() if u.launcher and not u.pid1]
+        if len(launched) != 1:
+            return
+        [adopted] = launched
+        del self.units[adopted.unit]
+        self.launched[adopted.unit] = unit
+        adopted.unit, adopted.state = unit, replace(adopted.state, unit=unit)
+        self.units[unit] = adopted
+
     def _new(self, unit: str) -> _Unit:
         engine, score = (self.forced, 0) if self.forced else self.chosen.get(unit, (None, 0))
         new = self.units[unit] = _Unit(unit, engine, score)
+        new.launcher = bool(LAUNCHER.fullmatch(unit.removesuffix(".service")))
+        waiting, self.undescribed = self.undescribed, []
+        for now, fields in waiting:  # those about it come first: they came first
+            self._entry(now, fields)
         return new
 
     def _fold(self, unit: _Unit, obs: Observation) -> None:
@@ -220,7 +255,7 @@ class Replay:
             unit.from_start = None
         if unit.from_start is None:  # the attempt's first marker says whether the log holds its start
             if isinstance(obs, Lifecycle):
-                unit.from_start = True
+                unit.from_start = obs.event is Event.STARTED
             elif (found := grammars.match(grammar, obs.text)) and (found.phase or found.reason):
                 unit.from_start = found.phase is Phase.LAUNCHING
 
@@ -238,9 +273,10 @@ class Replay:
             if unit.engine is None:
                 self._choose(unit)
             asked = unit.unit in self.only or unit.unit == self.default_unit or self.forced
-            # a unit called after its engine, which PID 1 alone may speak of (a restart loop, a command never run)
+            # a unit PID 1 speaks of, called after its engine or whose processes are: where PID 1's lines may be all
+            # there is (a restart loop, a command never run, a status's head)
             mentions = self.grammars[unit.engine or "generic"].mentions
-            named = unit.pid1 and mentions is not None and bool(mentions.search(unit.unit))
+            named = unit.pid1 and mentions is not None and any(mentions.search(name) for name in self._names(unit))
             if unit.state.attempt is None or not (asked or unit.score or named or unit.state.phase_durations):
                 continue
             out.append(Replayed(unit.unit, unit.engine or "generic", unit.state, unit.attempts, self.timed,

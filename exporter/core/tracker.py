@@ -262,6 +262,12 @@ def _exit_reason(detail: str) -> Reason | None:
     return Reason.CRASHED  # dumped: a core dump
 
 
+def _says_it_failed(event: Lifecycle) -> bool:
+    if event.event is Event.EXITED:
+        return _exit_reason(event.detail) is not None
+    return event.event in (Event.FAILED, Event.OOM_KILLED, Event.SPAWN_FAILED)
+
+
 FAILED_RESULTS: Mapping[str, Reason] = frozen_map(
     {"oom-kill": Reason.HOST_OOM_KILLED, "timeout": Reason.TIMEOUT, "signal": Reason.KILLED}
 )
@@ -276,6 +282,11 @@ def _lifecycle(state: UnitState, event: Lifecycle) -> UnitState:
             not event.invocation or not live.invocation or live.invocation == event.invocation
         )
         return state if same else _begin(state, event.t, event.invocation)
+    if live is None and state.attempt is None and _says_it_failed(event):
+        # the first word of a unit is how a start failed: the start is before what was read (an excerpt, a vacuumed
+        # journal), already under way
+        state = _begin(state, event.t, event.invocation)
+        live = _live(state)
     if live is None:
         return state
     if event.event is Event.STOPPING:

@@ -99,8 +99,8 @@ def entries(
     try:
         head = reader.peek(HEAD)[:HEAD].splitlines()[:50]
         lines: Iterable[bytes] = reader
-        if formats.quoted(head):
-            head, lines = list(formats.unquote(head)), formats.unquote(reader)
+        if frame := formats.paste_frame(head):
+            head, lines = list(formats.unframed(head, frame)), formats.unframed(reader, frame)
         fmt = formats.detect(head)
         last = 0.0
         for entry in formats.entries(lines, fmt, unit=unit or _unit_name(source), year=year):
