@@ -245,6 +245,20 @@ VLLM_OOM_TAIL = """\
                      {"unit": "ollama.service", "engine": "ollama", "outcome": "failed", "failure_reason": "bad_config",
                       "attempts": 2, "from_start": True},
                      id="a restart loop that never runs the engine: systemd's lines alone, about a unit named after it"),
+        pytest.param("Feb 22 06:34:40 host env[2700]: (APIServer pid=2700) ERROR 02-22 06:34:40 [serving.py:1] bad request\n"
+                     "Feb 22 06:34:41 host systemd[1]: Stopped vllm-assistant.service - vLLM OpenAI Server.\n"
+                     "Feb 22 06:34:42 host systemd[1]: Started vllm-assistant.service - vLLM OpenAI Server.\n"
+                     "Feb 22 06:34:50 host env[2827]: (APIServer pid=2827) INFO 02-22 06:34:50 [api_server.py:1] "
+                     "vLLM API server version 0.15.1\n"
+                     "Feb 22 06:35:40 host env[2827]: (APIServer pid=2827) INFO:     Application startup complete.\n",
+                     {"unit": "vllm-assistant.service", "engine": "vllm", "outcome": "ready", "startup_seconds": 58.0},
+                     id="a unit that runs its engine through env: env's lines are the unit's PID 1 speaks of"),
+        pytest.param("Feb 22 06:34:42 host systemd[1]: Started vllm-assistant.service - vLLM OpenAI Server.\n"
+                     "Feb 22 06:34:50 host python3.12[2827]: (APIServer pid=2827) INFO 02-22 06:34:50 [api_server.py:1] "
+                     "vLLM API server version 0.15.1\n"
+                     "Feb 22 06:35:40 host python3.12[2827]: (APIServer pid=2827) INFO:     Application startup complete.\n",
+                     {"unit": "vllm-assistant.service", "engine": "vllm", "outcome": "ready", "startup_seconds": 58.0},
+                     id="the launcher's lines after PID 1's first word: the same"),
         pytest.param("\u25cf ollama.service - Ollama Service\n"
                      "     Loaded: loaded (/etc/systemd/system/ollama.service; enabled; vendor preset: enabled)\n"
                      "     Active: active (running) since Sat 2025-02-15 23:56:25 CST; 9h ago\n"

@@ -44,6 +44,10 @@ UNDESCRIBED = 16  # description-only job lines kept until a unit they describe a
 LAUNCHER = re.compile(r"env|sh|bash|dash|python[\d.]*|uv|[\w.-]+\.sh")
 
 
+def _launcher(unit: str) -> bool:
+    return bool(LAUNCHER.fullmatch(unit.removesuffix(".service")))
+
+
 def _described_only(fields: Fields) -> bool:
     """A job line of PID 1 that names no unit, only a description (`Started Ollama Service.`)."""
     return _text(fields.get("_PID")) == "1" and bool(fields.get("MESSAGE_ID")) and not fields.get("UNIT")
@@ -177,7 +181,7 @@ class Replay:
     def _entry(self, now: float, fields: Fields) -> None:
         own = unit_of(fields, self.default_unit)
         if own and not fields.get("_SYSTEMD_UNIT"):
-            own = self.launched.get(own, own)
+            own = self.launched.get(own) or self._launching(own) or own
             fields = {**fields, "_SYSTEMD_UNIT": own}  # a short-format line: named by its identifier
         unit = own or _text(fields.get("UNIT"))  # PID 1 speaking about a unit
         if not unit and _described_only(fields):
@@ -211,7 +215,7 @@ class Replay:
         """PID 1 speaks of `unit` for the first time: the one unit so far named after a launcher, and not spoken of
         by PID 1, is this one (`journalctl -u vllm` of a unit that runs `env python3 -m vllm …`)."""
         launched = [u for u in self.units.values() if u.launcher and not u.pid1]
-        if len(launched) != 1:
+        if len(launched) != 1 or not unit.endswith(".service"):
             return
         [adopted] = launched
         del self.units[adopted.unit]
@@ -219,10 +223,20 @@ class Replay:
         adopted.unit, adopted.state = unit, replace(adopted.state, unit=unit)
         self.units[unit] = adopted
 
+    def _launching(self, name: str) -> str:
+        """The unit a launcher's first line is of: the one unit PID 1 has spoken of so far."""
+        if name in self.units or not _launcher(name):
+            return ""
+        spoken = [u.unit for u in self.units.values() if u.pid1]
+        if len(spoken) != 1 or not spoken[0].endswith(".service"):
+            return ""
+        self.launched[name] = spoken[0]
+        return spoken[0]
+
     def _new(self, unit: str) -> _Unit:
         engine, score = (self.forced, 0) if self.forced else self.chosen.get(unit, (None, 0))
         new = self.units[unit] = _Unit(unit, engine, score)
-        new.launcher = bool(LAUNCHER.fullmatch(unit.removesuffix(".service")))
+        new.launcher = _launcher(unit)
         waiting, self.undescribed = self.undescribed, []
         for now, fields in waiting:  # those about it come first: they came first
             self._entry(now, fields)
