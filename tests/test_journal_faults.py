@@ -254,8 +254,13 @@ def test_a_restarted_agent_takes_over_the_checkpoint_only_with_its_journal_posit
         # That reading is a first start's, whose first scrape waits for it at most the warm-up's 10 s (a
         # shared namespace journal on a loaded CI machine has taken longer): then it shows the journal's phase.
         assert phase in ("compiling", "inactive")
-        wait_for(lambda: Scrape(fetch(port)).one_of("unit_phase", hang.name, "phase") == "compiling", 30,
-                 "the unit's phase read from the journal")
+        seen = [phase]
+        try:
+            wait_for(lambda: seen.append(Scrape(fetch(port)).one_of("unit_phase", hang.name, "phase")) or seen[-1] == "compiling",
+                     30, "the unit's phase read from the journal")
+        except AssertionError as error:  # say what the agent saw and did, for a failure that is rare
+            log = "".join(p.read_text() for p in tmp_path.glob("agent-*.log"))
+            raise AssertionError(f"{error}; phases seen {sorted(set(map(str, seen)))}; the agent's log:\n{log}") from None
         log = "".join(p.read_text() for p in tmp_path.glob("agent-*.log"))
         assert "journal position s=0123456789abcdef" in log and "cannot be used" in log
 
