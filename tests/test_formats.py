@@ -146,6 +146,11 @@ def test_detect_samples(name: str, fmt: Format) -> None:
             Format.SHORT,
             id="a host a user hid behind a placeholder with a space",
         ),
+        pytest.param(
+            [b"2024-07-09T22:40:54.559291Z INFO text_generation_router: router/src/main.rs:352: Connected\n"] * 2,
+            Format.PLAIN,
+            id="TGI's line where a web page collapsed its two spaces is no short-iso `host ident:`",
+        ),
         pytest.param([b"MODEL=x\n", b"PORT=8000\n"], Format.PLAIN, id="KEY=value lines are not export"),
         pytest.param(
             [b'{"timestamp":"2026-11-29T12:00:01.118245Z","level":"INFO","fields":{"message":"Args"},"target":"t"}\n'],
@@ -654,6 +659,9 @@ def test_a_paste_quoted_whole_reads_as_itself(paste: list[bytes], whole: bool) -
                       b"68-Feb 26 17:41:24 host systemd[1669]: vllm.service: Failed with result 'exit-code'.\n"],
                      True, id="grep -n, and its context lines"),
         pytest.param([b"     1\tFeb 26 17:41:22 host vllm[40]: INFO 02-26 17:41:22 [core.py:1] x\n"] * 2, True, id="cat -n"),
+        pytest.param([b"  9. Feb 26 17:41:22 host ollama[40]: time=2024-02-26T17:41:22.5Z level=INFO msg=x\n",
+                      b" 10.  \n", b" 11. Feb 26 17:41:23 host ollama[40]: time=2024-02-26T17:41:23.5Z level=INFO msg=y\n"],
+                     True, id="a paste site's numbers, empty numbered lines among them"),
         pytest.param([b"12:00:01 INFO starting\n", b"12:00:02 INFO loading\n"], False, id="a time of day is no line number"),
         pytest.param([b"2026-02-26T17:41:22Z INFO x\n"] * 2, False, id="nor is a date"),
     ],

@@ -71,8 +71,14 @@ SEPARATOR = re.compile(rb"-- .* --")
 # markdown fence around a pasted log
 SAYS_NOTHING = ("░░".encode(), b"-- ", b"```", b"~~~")
 # What a paste may carry on every line, around the log: a markdown quote's marks (nested too); `grep -n`'s line
-# numbers (`109:`, `110-` beside a match), `cat -n`'s. A number followed by a digit is a time's or a date's.
-PASTE_FRAMES = (re.compile(rb"^(?:>[ \t]?)+"), re.compile(rb"^\d{1,7}[:-](?=\D)"), re.compile(rb"^ *\d{1,7}\t"))
+# numbers (`109:`, `110-` beside a match), `cat -n`'s, a paste site's (`  12. `). A number followed by a digit
+# is a time's or a date's.
+PASTE_FRAMES = (
+    re.compile(rb"^(?:>[ \t]?)+"),
+    re.compile(rb"^\d{1,7}[:-](?=\D)"),
+    re.compile(rb"^ *\d{1,7}\t"),
+    re.compile(rb"^ *\d{1,7}\. "),
+)
 
 _ZONE = rb"(Z|[+-]\d\d:?\d\d)"
 _FRACTION = rb"(?:[.,](\d{1,9}))?"
@@ -240,7 +246,8 @@ def _classify(line: bytes) -> Format | None:
             return Format.DOCKER_JSON
         return Format.PLAIN
     head = line[:HEAD]
-    if (found := ISO_TIME.match(head)) and SYSLOG_HEAD.match(head, found.end()):
+    # TGI's own `TIME  LEVEL target: ` looks like `TIME host ident: ` where a page collapsed its two spaces
+    if (found := ISO_TIME.match(head)) and SYSLOG_HEAD.match(head, found.end()) and not TGI_LINE.match(head):
         return Format.SHORT_ISO
     if found := SHORT_TIME.match(head):
         return Format.SHORT_PRECISE if found.group(6) else Format.SHORT
