@@ -174,6 +174,13 @@ def replayed(text: str, unit: str = "pasted.service", year: int = 2025) -> list[
     return [document(r) for r in run.results()]
 
 
+# A unit that runs vLLM through a launcher, which names its lines in a short format: PID 1 starts it, then it is ready.
+LAUNCHED = ("Feb 22 06:34:42 host systemd[1]: Started vllm-assistant.service - vLLM OpenAI Server.\n"
+            "Feb 22 06:34:50 host {launcher}[2827]: (APIServer pid=2827) INFO 02-22 06:34:50 [api_server.py:1] "
+            "vLLM API server version 0.15.1\n"
+            "Feb 22 06:35:40 host {launcher}[2827]: (APIServer pid=2827) INFO:     Application startup complete.\n")
+
+
 VLLM_OOM_TAIL = """\
 (VllmWorker rank=5 pid=3073)   File "/opt/venv/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", line 1167, in load_model
 (VllmWorker rank=5 pid=3073)     self.model = get_model(vllm_config=self.vllm_config)
@@ -247,16 +254,10 @@ VLLM_OOM_TAIL = """\
                      id="a restart loop that never runs the engine: systemd's lines alone, about a unit named after it"),
         pytest.param("Feb 22 06:34:40 host env[2700]: (APIServer pid=2700) ERROR 02-22 06:34:40 [serving.py:1] bad request\n"
                      "Feb 22 06:34:41 host systemd[1]: Stopped vllm-assistant.service - vLLM OpenAI Server.\n"
-                     "Feb 22 06:34:42 host systemd[1]: Started vllm-assistant.service - vLLM OpenAI Server.\n"
-                     "Feb 22 06:34:50 host env[2827]: (APIServer pid=2827) INFO 02-22 06:34:50 [api_server.py:1] "
-                     "vLLM API server version 0.15.1\n"
-                     "Feb 22 06:35:40 host env[2827]: (APIServer pid=2827) INFO:     Application startup complete.\n",
+                     + LAUNCHED.format(launcher="env"),
                      {"unit": "vllm-assistant.service", "engine": "vllm", "outcome": "ready", "startup_seconds": 58.0},
                      id="a unit that runs its engine through env: env's lines are the unit's PID 1 speaks of"),
-        pytest.param("Feb 22 06:34:42 host systemd[1]: Started vllm-assistant.service - vLLM OpenAI Server.\n"
-                     "Feb 22 06:34:50 host python3.12[2827]: (APIServer pid=2827) INFO 02-22 06:34:50 [api_server.py:1] "
-                     "vLLM API server version 0.15.1\n"
-                     "Feb 22 06:35:40 host python3.12[2827]: (APIServer pid=2827) INFO:     Application startup complete.\n",
+        pytest.param(LAUNCHED.format(launcher="python3.12"),
                      {"unit": "vllm-assistant.service", "engine": "vllm", "outcome": "ready", "startup_seconds": 58.0},
                      id="the launcher's lines after PID 1's first word: the same"),
         pytest.param("\u25cf ollama.service - Ollama Service\n"
