@@ -260,6 +260,9 @@ VLLM_OOM_TAIL = """\
         pytest.param(LAUNCHED.format(launcher="python3.12"),
                      {"unit": "vllm-assistant.service", "engine": "vllm", "outcome": "ready", "startup_seconds": 58.0},
                      id="the launcher's lines after PID 1's first word: the same"),
+        pytest.param(LAUNCHED.format(launcher="docker"),
+                     {"unit": "vllm-assistant.service", "engine": "vllm", "outcome": "ready", "startup_seconds": 58.0},
+                     id="a unit that runs `docker run` in the foreground: the container's output under docker's name"),
         pytest.param("\u25cf ollama.service - Ollama Service\n"
                      "     Loaded: loaded (/etc/systemd/system/ollama.service; enabled; vendor preset: enabled)\n"
                      "     Active: active (running) since Sat 2025-02-15 23:56:25 CST; 9h ago\n"

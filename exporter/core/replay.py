@@ -40,8 +40,9 @@ def _text(value: Any) -> str:
 WORD = re.compile(r"[a-z0-9]+")
 UNDESCRIBED = 16  # description-only job lines kept until a unit they describe appears
 # What runs an engine for a unit and names its lines in a short format in the unit's stead (ExecStart=/usr/bin/env …,
-# python3.12 -m vllm …, a wrapper script): its lines are those of the unit PID 1 then speaks of.
-LAUNCHER = re.compile(r"env|sh|bash|dash|python[\d.]*|uv|[\w.-]+\.sh")
+# python3.12 -m vllm …, a wrapper script, `docker run` in the foreground): its lines are those of the unit PID 1
+# then speaks of.
+LAUNCHER = re.compile(r"env|sh|bash|dash|python[\d.]*|uv|[\w.-]+\.sh|docker|podman|nerdctl")
 
 
 def _launcher(unit: str) -> bool:
