@@ -164,7 +164,6 @@ def test_a_batch_with_nothing_to_find():
     assert Screen([re.compile(r"\d+")]).which_may_match([]) == set()  # even where every text passes
 
 
-
 def test_every_engines_screen_at_once_keeps_to_its_dfa():
     # replay's skim screens batches of a journal against every engine's literals at once: RE2's DFA for them
     # outgrew its default memory budget, fell back to the NFA (several times slower) and wrote "DFA out of

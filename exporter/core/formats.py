@@ -558,7 +558,7 @@ STATUS_MAIN_EXIT = re.compile(rb"\s+Main PID: \d+ \(code=(?P<code>\w+), status=(
 class _StatusHead:
     """What a `systemctl status` head says, as the lines PID 1 logged: a unit active since a time was Started then;
     one that failed (or waits to restart after failing) ended so at that time, which comes after the journal's
-    lines below the head, so those words wait for the head's end (`ended`)."""
+    lines below the head, so those words (`failed`) wait for the head's end."""
 
     unit: str
     since: float | None = None
@@ -568,26 +568,21 @@ class _StatusHead:
         """PID 1's lines this line of the head says ([] for none yet), or None for a line of another kind."""
         if found := STATUS_ACTIVE.match(line):
             self.since = _stamp((*found.groups()[2:], None), tz)
-            if found["result"]:
-                self.failed.append(self._pid1(MessageId.UNIT_FAILURE_RESULT, f"{self.unit}: Failed with result "
-                                              f"'{found['result'].decode()}'.", UNIT_RESULT=found["result"].decode()))
+            if result := found["result"]:
+                self.failed.append((self.since, _pid1(self.unit, MessageId.UNIT_FAILURE_RESULT,
+                                                      f"{self.unit}: Failed with result '{result.decode()}'.",
+                                                      UNIT_RESULT=result.decode())))
                 return []
             if found["state"] in (b"active", b"activating", b"reloading"):
-                return [self._pid1(MessageId.UNIT_STARTED, f"Started {self.unit}.")]
+                return [(self.since, _pid1(self.unit, MessageId.UNIT_STARTED, f"Started {self.unit}."))]
             return []
         if (found := STATUS_MAIN_EXIT.match(line)) and self.since is not None:
             name = (found["name"] or b"n/a").decode()
-            self.failed.insert(0, self._pid1(MessageId.UNIT_PROCESS_EXIT, f"{self.unit}: Main process exited, code="
-                                             f"{found['code'].decode()}, status={found['status'].decode()}/{name}"))
+            self.failed.insert(0, (self.since, _pid1(self.unit, MessageId.UNIT_PROCESS_EXIT,
+                                                     f"{self.unit}: Main process exited, code={found['code'].decode()}, "
+                                                     f"status={found['status'].decode()}/{name}")))
             return []
         return None
-
-    def ended(self) -> list[tuple[float | None, Fields]]:
-        return self.failed
-
-    def _pid1(self, message_id: str, message: str, **extra: str) -> tuple[float | None, Fields]:
-        return self.since, {"SYSLOG_IDENTIFIER": "systemd", "_PID": "1", "MESSAGE_ID": message_id, "UNIT": self.unit,
-                            "MESSAGE": message, **extra}
 
 
 def _short(lines: Iterable[bytes], years: _Years, tz: tzinfo | None) -> Iterator[tuple[float | None, Fields]]:
@@ -601,14 +596,14 @@ def _short(lines: Iterable[bytes], years: _Years, tz: tzinfo | None) -> Iterator
         assert pending is not None
         t, fields, parts, _ = pending
         fields["MESSAGE"] = _text(b"\n".join(parts))
-        ident, pid = fields.get("SYSLOG_IDENTIFIER"), fields.get("_PID")
-        if ident == "systemd" and isinstance(fields["MESSAGE"], str) and (said := lifecycle_fields(fields["MESSAGE"])):
-            # PID 1's, or a user manager's (`journalctl --user`), which is PID 1 to its units
-            fields.update(said, _PID="1")
-        elif ident == "systemd" and isinstance(fields["MESSAGE"], str) and (child := _CHILD_TEXT.match(fields["MESSAGE"])):
-            fields["_SYSTEMD_UNIT"] = child["unit"]
-            if SPAWN.match(fields["MESSAGE"], child.end()):
-                fields["MESSAGE_ID"] = MessageId.SPAWN_FAILED
+        ident, pid, message = fields.get("SYSLOG_IDENTIFIER"), fields.get("_PID"), fields["MESSAGE"]
+        if ident == "systemd" and isinstance(message, str):
+            if said := lifecycle_fields(message):  # PID 1's, or a user manager's (`journalctl --user`): its units' PID 1
+                fields.update(said, _PID="1")
+            elif child := _CHILD_TEXT.match(message):
+                fields["_SYSTEMD_UNIT"] = child["unit"]
+                if SPAWN.match(message, child.end()):
+                    fields["MESSAGE_ID"] = MessageId.SPAWN_FAILED
         elif ident == "kernel" and pid is None:
             fields["_TRANSPORT"] = "kernel"
         return t, fields
@@ -620,7 +615,7 @@ def _short(lines: Iterable[bytes], years: _Years, tz: tzinfo | None) -> Iterator
                 yield finish()
                 pending = None
             if status is not None:
-                yield from status.ended()
+                yield from status.failed
             status = _StatusHead(head["unit"].decode("utf-8", "replace"))
             continue
         if status is not None and pending is None and (said := status.read(line[:HEAD], tz)) is not None:
@@ -654,7 +649,7 @@ def _short(lines: Iterable[bytes], years: _Years, tz: tzinfo | None) -> Iterator
     if pending is not None:
         yield finish()
     if status is not None:
-        yield from status.ended()
+        yield from status.failed
 
 
 def _short_time(head: bytes, years: _Years, tz: tzinfo | None) -> tuple[float | None, int]:
@@ -842,9 +837,11 @@ def _plain(
         yield t, {**fields, "MESSAGE": _text(line)}
 
 
-def _pid1(unit: str, message_id: str, line: bytes) -> Fields:
-    """What PID 1 would have said of the unit, for a terminal session's command and returning prompt."""
-    return {"_PID": "1", "UNIT": unit, "MESSAGE_ID": message_id, "MESSAGE": _text(line)}
+def _pid1(unit: str, message_id: str, message: bytes | str, **extra: str) -> Fields:
+    """What PID 1 would have said of the unit, for a terminal session's command and returning prompt, and for
+    what a `systemctl status` head says."""
+    return {"_PID": "1", "UNIT": unit, "MESSAGE_ID": message_id,
+            "MESSAGE": message if isinstance(message, str) else _text(message), **extra}
 
 
 def _plain_stamp(line: bytes) -> tuple[tuple[bytes | None, ...], str] | None:

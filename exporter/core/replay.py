@@ -125,7 +125,6 @@ class _Unit:
         self.attempts = 0
         self.from_start: bool | None = None  # for the current attempt, once its first marker is seen
         self.pid1 = False  # PID 1 spoke of it: its name is systemd's
-        self.launcher = False  # named after the launcher of its engine (LAUNCHER), not after itself
 
 
 class Replay:
@@ -215,7 +214,7 @@ class Replay:
     def _adopt(self, unit: str) -> None:
         """PID 1 speaks of `unit` for the first time: the one unit so far named after a launcher, and not spoken of
         by PID 1, is this one (`journalctl -u vllm` of a unit that runs `env python3 -m vllm …`)."""
-        launched = [u for u in self.units.values() if u.launcher and not u.pid1]
+        launched = [u for u in self.units.values() if _launcher(u.unit) and not u.pid1]
         if len(launched) != 1 or not unit.endswith(".service"):
             return
         [adopted] = launched
@@ -237,7 +236,6 @@ class Replay:
     def _new(self, unit: str) -> _Unit:
         engine, score = (self.forced, 0) if self.forced else self.chosen.get(unit, (None, 0))
         new = self.units[unit] = _Unit(unit, engine, score)
-        new.launcher = _launcher(unit)
         waiting, self.undescribed = self.undescribed, []
         for now, fields in waiting:  # those about it come first: they came first
             self._entry(now, fields)
