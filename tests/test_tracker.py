@@ -622,6 +622,15 @@ OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
                       line(22, "RuntimeError: Engine core initialization failed. See root cause above."),
                       line(40, FIRST_WORD)], 2, Phase.LAUNCHING,
                      {Outcome.FAILED: 1}, id="failed, then the first word again: the restart is a start of its own"),
+        pytest.param([line(1, FIRST_WORD), line(5, "Traceback (most recent call last):"),
+                      line(6, "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+                              "'namespace/repo_name': '/models/none'."),
+                      line(9, FIRST_WORD)], 2, Phase.LAUNCHING, {Outcome.FAILED: 1},
+                     id="failing, its exit unseen, then the first word again: it failed of its cause, then restarted"),
+        pytest.param([line(1, FIRST_WORD), line(5, "Traceback (most recent call last):"),
+                      line(8, "INFO 10-21 09:20:10 [gpu_model_runner.py:1] Starting to load model m..."),
+                      line(9, FIRST_WORD)], 1, Phase.DOWNLOADING, {},
+                     id="a cause the start went on past, then the first word: still the one start"),
         pytest.param([line(1, FIRST_WORD), line(2, FIRST_WORD), line(30, READY_LINE)], 1, Phase.READY,
                      {Outcome.READY: 1}, id="the first word twice before the start settled: one start"),
         pytest.param([line(1, FIRST_WORD), line(30, READY_LINE), line(31, "INFO 10-21 09:12:04 [api_server.py:1] "
@@ -634,6 +643,8 @@ def test_the_engines_first_word_after_a_settled_start_begins_the_next(observatio
     assert state.phase is phase
     assert (state.previous is not None) == (attempts == 2)
     assert state.startups == startups
+    if state.previous and state.previous.reason:  # a failed start keeps its cause
+        assert state.failures == {(state.previous.spans[-2][0], state.previous.reason): 1}
 
 
 def test_a_runners_first_word_inside_a_daemon_begins_nothing():

@@ -171,8 +171,9 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
         state = _begin(state, line.t, line.invocation)
     elif line.invocation and attempt.invocation and line.invocation != attempt.invocation:
         state = _begin(state, line.t, line.invocation)  # systemd started the unit again
-    elif found is not None and found.begins and attempt.phase in SETTLED:
-        state = _begin(state, line.t, line.invocation)  # the engine's first word again: it started again
+    elif found is not None and found.begins and (attempt.phase in SETTLED or _dying(attempt)):
+        # the engine's first word again: it started again, and a start that was failing ended with its cause
+        state = _begin(state, line.t, line.invocation)
     elif line.invocation and not attempt.invocation:
         state = evolve(state, attempt=evolve(attempt, invocation=line.invocation))
 
@@ -215,6 +216,12 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
     if found.progress is not None:
         state = _progress(state, found, line.t)
     return state
+
+
+def _dying(attempt: Attempt) -> bool:
+    """The start has a cause it did not go on past: its engine's next first word is the next start (a log
+    with neither systemd's lines nor processes: `docker logs` of a crash loop, a journal saved as text)."""
+    return attempt.reason is not None and not attempt.outlived
 
 
 def _progress(state: UnitState, found: grammars.Match, t: float) -> UnitState:
