@@ -602,6 +602,10 @@ def test_where_a_silent_unit_is_stuck_groups_its_ranks():
     assert stuck.frame_labels(groups) == ("synchronize", "torch/cuda/__init__.py")
     assert stuck.frame_labels(groups[1:]) == ("folio_wait_bit_common", "[kernel]")
     assert "storage" in stuck.waiting_for("folio_wait_bit_common")
+    # a process stopped (SIGSTOP: a frozen worker) holds the others: it comes first, busy as they are
+    frozen = StackSample(390, U, (*sample.processes, ProcessStack(14, "T", "do_signal_stop", 0.0, None)))
+    groups = stuck.where(fold([*SPINNING, frozen], STACKS), Verdict.STALLED, 400, STACKS)
+    assert [(g.pids, g.state) for g in groups] == [((14,), "T"), ((10, 11), "R"), ((12,), "D"), ((13,), "S")]
     assert stuck.where(state, Verdict.PROGRESSING, 400, STACKS) == ()  # a unit that speaks is stuck nowhere
     assert stuck.where(state, Verdict.STALLED, 390 + 60 + 7, STACKS) == ()  # an old look says nothing
 

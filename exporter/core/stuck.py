@@ -30,9 +30,13 @@ WAITS: tuple[tuple[str, str], ...] = (
 )
 
 
+# A stopped process (SIGSTOP, a tracer) holds whatever waits on it, busily or not: it comes before the busiest.
+STOPPED = frozenset("Tt")
+
+
 def where(state: UnitState, verdict: Verdict, now: float, limits: Limits) -> tuple[Stuck, ...]:
-    """A silent unit's processes from its last fresh look, in groups that are in the same place, the
-    busiest first; () when the unit is not silent or was not looked at lately."""
+    """A silent unit's processes from its last fresh look, in groups that are in the same place: the stopped
+    ones first, then the busiest; () when the unit is not silent or was not looked at lately."""
     sample = state.stacks
     if verdict not in SILENT or sample is None or now - sample.t > limits.stack_fresh:
         return ()
@@ -43,7 +47,8 @@ def where(state: UnitState, verdict: Verdict, now: float, limits: Limits) -> tup
         key = (frames,) if frames else ((), process.state, process.wchan)
         groups.setdefault(key, []).append(process.pid)
         first.setdefault(key, (process.state, process.wchan))
-    return tuple(Stuck(tuple(pids), key[0], *first[key]) for key, pids in groups.items())
+    found = [Stuck(tuple(pids), key[0], *first[key]) for key, pids in groups.items()]
+    return tuple(sorted(found, key=lambda group: group.state not in STOPPED))
 
 
 def waiting_for(wchan: str) -> str:
