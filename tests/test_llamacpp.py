@@ -58,3 +58,19 @@ def test_the_agent_follows_a_llama_cpp_pod_to_ready(agent, node, tmp_path):
     assert (info["engine"], info["model"], info["namespace"], info["pod"], info["container"]) == (
         "llamacpp", str(model), "llm", "llama-7c9d8", "server")
     assert "tiny-random-llama" in fetch(port, "/v1/models")
+
+
+def test_a_missing_model_fails_with_its_cause(agent, journald, tmp_path):
+    """llama.cpp's server pointed at a model file that is not there: failed, in loading, as bad_config (the
+    setting names no file), not as the bare exit or the traceback that follows."""
+    name = "test-llamacpp-missing.service"
+    metrics = agent(f"{name}=llamacpp")  # it exits before a look at its command line could name its engine
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(tmp_path / "none.gguf"), "--host", "127.0.0.1",
+            "--port", str(free_port())]
+    with sandbox.start_unit(journald, name, argv) as unit:
+        assert unit.wait(timeout=60) != 0
+        final = wait_for(lambda: (s := Scrape(fetch(metrics))).one_of("unit_verdict", name, "verdict") == "failed" and s,
+                         30, "the failed start to be followed")
+        failures = [(s.labels["phase"], s.labels["reason"]) for s in final.all("llmstartup_failures_total", unit=name)]
+        assert failures == [("loading_weights", "bad_config")]
+        assert final.value("llmstartup_startups_total", unit=name, outcome="failed") == 1
