@@ -11,13 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from exporter.shell.demo import sandbox
-from tests.scrape import fetch, wait_for
+from tests.scrape import wait_for
 
 ROOT = Path(__file__).parent.parent
 VENV = ROOT / ".venv-vllm"
@@ -85,34 +83,6 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
-
-
-class Watch:
-    """A unit as the agent's API says, poll by poll, every document kept with the time it was read."""
-
-    def __init__(self, port: int, unit: str) -> None:
-        self.port, self.unit = port, unit
-        self.seen: list[tuple[float, dict[str, Any]]] = []
-
-    def poll(self) -> dict[str, Any]:
-        doc = next(d for d in json.loads(fetch(self.port, "/api/v1/units")) if d["unit"] == self.unit)
-        self.seen.append((time.monotonic(), doc))
-        return doc
-
-    def until(self, check: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
-        return wait_for(lambda: doc if check(doc := self.poll()) else None, timeout,
-                        f"{what}; the agent said {self.said()}", every=0.25)
-
-    def said(self, after: float = 0.0) -> list[tuple[str, str, str]]:
-        """(phase, verdict, what the verdict rests on), once per change: what a failed assertion shows."""
-        said = [(d["phase"], d["verdict"], d.get("verdict_reason") or "") for t, d in self.seen if t >= after]
-        return [s for i, s in enumerate(said) if i == 0 or s != said[i - 1]]
-
-    def phases(self, after: float = 0.0) -> list[str]:
-        return list(dict.fromkeys(phase for phase, _, _ in self.said(after)))
-
-    def verdicts(self, after: float = 0.0) -> set[str]:
-        return {verdict for _, verdict, _ in self.said(after)}
 
 
 def saved_journal(journald: sandbox.Journald, unit: str, path: Path) -> Path:

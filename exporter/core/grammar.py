@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
-from exporter.core.model import Phase, Reason, frozen_map
+from exporter.core.model import STARTUP_ORDER, Phase, Reason, frozen_map
 from exporter.core.screen import Screen
 
 # Engine-reported values a grammar may extract, with their help text. A rule names one in a group
@@ -124,6 +124,17 @@ class Match:
         return self.phase is not None and self.reason is None and not self.where
 
 
+@dataclass(frozen=True, slots=True)
+class Silent:
+    """A phase the engine goes through without a line while it runs (its bar redraws with \r, and journald
+    passes a record on only at a newline): a start that falls silent after one of the phases `after` is in it,
+    unless a launching line of the start said it goes without it (`unless`: eager mode, no CUDA graphs)."""
+
+    phase: Phase
+    after: frozenset[Phase]
+    unless: re.Pattern[str] | None = None
+
+
 @dataclass(frozen=True)  # not slots: `screen` is cached on the instance
 class Grammar:
     engine: str
@@ -138,6 +149,7 @@ class Grammar:
     # their rules follow this grammar's own (`own` of them), never fatal nor ready (load()).
     embeds: tuple[str, ...] = ()
     own: int = 0
+    silent: tuple[Silent, ...] = ()  # phases it goes through without a line, in the order it goes through them
 
     @functools.cached_property
     def fixed_matches(self) -> tuple[Match | None, ...]:
@@ -177,6 +189,7 @@ def parse(engine: str, text: str) -> Grammar:
             settings=tuple(re.compile(p) for p in data.get("settings", [])),
             mentions=re.compile("|".join(data["mentions"])) if data.get("mentions") else None,
             embeds=tuple(data.get("embeds", [])),
+            silent=tuple(_silent(n, raw) for n, raw in enumerate(data.get("silent", []), 1)),
         )
     except (tomllib.TOMLDecodeError, re.error, ValueError, KeyError) as error:
         raise GrammarError(f"grammar {engine}: {error}") from error
@@ -232,6 +245,26 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
     if rule.item and not (progress or rule.complete):
         raise ValueError(f"{label}: `item` names what a progress rule counts; this one reads no progress")
     return rule
+
+
+def _silent(number: int, raw: Mapping[str, object]) -> Silent:
+    label = f"silent phase {number}"
+    try:
+        phase = Phase(str(raw["phase"]))
+        after = frozenset(Phase(str(p)) for p in raw["after"])  # type: ignore[attr-defined]
+        unless = re.compile(str(raw["unless"])) if raw.get("unless") else None
+    except (re.error, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{label}: {error}") from None
+    order = list(Phase)
+    if phase not in STARTUP_ORDER[1:-1] or not after or any(order.index(p) >= order.index(phase) for p in after):
+        raise ValueError(f"{label}: {phase} must be a startup phase after every phase in `after`")
+    return Silent(phase, after, unless)
+
+
+def skipped(grammar: Grammar, record: str) -> frozenset[Phase]:
+    """The silent phases a launching line says the start goes without (vLLM's config: enforce_eager=True)."""
+    message = grammar.message(record)
+    return frozenset(s.phase for s in grammar.silent if s.unless is not None and s.unless.search(message))
 
 
 def _cache(value: object) -> str | None:

@@ -94,6 +94,9 @@ def _bar(attempt: Attempt, snap: Snapshot, css: str) -> str:
         text = f"{phase} {duration(seconds)}"
         colour = COLOURS.get(phase, "#555")
         background = colour
+        if attempt.inferred_from is not None and index == len(periods) - 1:  # no line has said so yet
+            text += " (inferred)"
+            background = f"repeating-linear-gradient(135deg,{colour} 0 6px,{colour}99 6px 12px)"
         if found is not None and index == len(periods) - 1:
             # The current phase's span, filled as far as the engine says the phase is; the rest paler.
             text += f" · {progress_text(found, now, snap.stall_after)}"

@@ -330,6 +330,10 @@ class Attempt:
     spans: tuple[tuple[Phase, float], ...] = ()  # each phase entered, with when: the timeline
     gaps: tuple[tuple[float, float, Phase], ...] = ()  # silences past the threshold: (from, to, phase)
     progress: Progress | None = None  # the engine's last progress bar in this start, of whichever phase
+    skips: frozenset[Phase] = frozenset()  # silent phases its launching lines say it goes without (eager mode)
+    # The phase was entered from the engine's order and the start's silence, not from a line (a \r bar reaches
+    # the journal only when it ends): the phase it left and since when, to go back to when a line says otherwise.
+    inferred_from: tuple[Phase, float] | None = None
 
     def at(self, phase: Phase, t: float) -> Attempt:
         """This attempt in `phase` from `t` on, with its timeline extended."""
@@ -420,6 +424,7 @@ class Limits:
     io_floor: int = 64 * 1024  # bytes read or written between samples that count as work
     gpu_floor: int = 64 * 1024 * 1024  # a GPU memory change that counts as movement
     memory_floor: int = 32 * 1024 * 1024  # a change of the unit's resident memory that counts as movement
+    infer_after: float = 5.0  # silent this long after the phases a silent one follows: the start is in it
     gpu: bool = True  # whether GPU evidence is expected at all
     stacks: bool = False  # whether Python stacks are sampled (--collector.stacks)
     stack_every: float = 60.0  # how often a silent unit's processes are looked at

@@ -108,6 +108,8 @@ def unit_document(view: UnitView, snap: Snapshot) -> dict[str, Any]:
         "pod": where.get("pod") or None,
         "container": where.get("container") or None,
         "phase": str(state.phase),
+        # the phase was told from the engine's order and the silence (a \r bar not in yet), not from a line
+        "phase_inferred": attempt is not None and attempt.inferred_from is not None,
         "verdict": str(view.verdict),
         "phase_seconds": round(now - attempt.phase_since, 3) if attempt else None,
         "startup_seconds": round(attempt.startup_end(now) - attempt.started, 3) if attempt else None,
@@ -182,7 +184,7 @@ def status_line(view: UnitView, snap: Snapshot) -> str:
     attempt = state.attempt
     if attempt is None:
         return f"{state.unit}  {state.phase}  {view.verdict}"
-    parts.append(f"{state.phase} {duration(now - attempt.phase_since)}")
+    parts.append(f"{state.phase}{' (inferred)' if attempt.inferred_from else ''} {duration(now - attempt.phase_since)}")
     if (found := progress.current(attempt)) is not None:
         parts.append(progress_text(found, now, snap.stall_after))
     if attempt.ready_at is not None:

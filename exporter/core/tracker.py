@@ -94,6 +94,28 @@ def _enter(state: UnitState, phase: Phase, t: float, progress: bool = True) -> U
     return evolve(state, attempt=attempt)
 
 
+def _retract(attempt: Attempt) -> Attempt:
+    """The attempt as it was before the agent inferred its phase: a line said otherwise, or it ended."""
+    if attempt.inferred_from is None:
+        return attempt
+    phase, since = attempt.inferred_from
+    return evolve(attempt, phase=phase, phase_since=since, spans=attempt.spans[:-1], inferred_from=None)
+
+
+def _infer(state: UnitState, t: float, grammar: Grammar, limits: Limits) -> UnitState:
+    """A start silent for a while after the phases a silent phase follows, its processes still there, is in it:
+    entered, inferred, from when the silence began; the next line of the start confirms or retracts it."""
+    live = _live(state)
+    if (live is None or live.inferred_from is not None or not grammar.silent or state.last_log is None
+            or t - state.last_log < limits.infer_after or not (state.last_process and state.last_process.ids)):
+        return state
+    silent = next((s for s in grammar.silent if live.phase in s.after and s.phase not in live.skips), None)
+    if silent is None:
+        return state
+    since = max(state.last_log, live.phase_since)
+    return evolve(state, attempt=evolve(live.at(silent.phase, since), inferred_from=(live.phase, live.phase_since)))
+
+
 def _count_outcome(state: UnitState, attempt: Attempt, outcome: Outcome, t: float) -> tuple[UnitState, Attempt]:
     """How the start ended, counted once: startups_total and startup_duration_seconds."""
     state = evolve(
@@ -118,6 +140,7 @@ def _fail(state: UnitState, t: float, reason: Reason) -> UnitState:
     assert attempt is not None
     if attempt.phase in (Phase.FAILED, Phase.STOPPING):  # after a stop, what breaks is the stop's doing
         return state
+    attempt = _retract(attempt)  # a failure is counted where the start's own lines put it, as replay does
     attempt = _cause(attempt, reason)
     assert attempt.reason is not None
     state = evolve(state, failures=_bump(state.failures, (attempt.phase, attempt.reason)))
@@ -129,6 +152,7 @@ def _fail(state: UnitState, t: float, reason: Reason) -> UnitState:
 def _stop(state: UnitState, t: float) -> UnitState:
     attempt = state.attempt
     assert attempt is not None
+    attempt = _retract(attempt)
     if attempt.outcome is None:
         state, attempt = _count_outcome(state, attempt, Outcome.STOPPED, t)
     return evolve(state, attempt=attempt.at(Phase.STOPPING, t))
@@ -138,6 +162,7 @@ def _end(state: UnitState, t: float, reason: Reason | None = None) -> UnitState:
     """The attempt's processes are gone. Before ready and not asked to stop, that is a failure."""
     attempt = state.attempt
     assert attempt is not None
+    state = evolve(state, attempt=(attempt := _retract(attempt)))
     cause = reason or attempt.reason
     if attempt.outcome is None or cause is not None:
         state = _fail(state, t, cause or Reason.EXITED)  # nothing, once failed or asked to stop
@@ -179,9 +204,18 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
 
     live = _live(state)
     if live and not live.settings and grammar.settings and (said := grammars.settings(grammar, line.text)):
-        state = evolve(state, attempt=evolve(live, settings=said))
+        state = evolve(state, attempt=(live := evolve(live, settings=said)))
     if found is None:
         return state
+    if live and found.phase is Phase.LAUNCHING and grammar.silent and (skips := grammars.skipped(grammar, line.text)):
+        state = evolve(state, attempt=(live := evolve(live, skips=live.skips | skips)))
+    if live and live.inferred_from and (found.phase or found.reason or found.stops):
+        # a line that says where the start is: the inferred phase was right (the bar, when it ends, dated back
+        # to when it began: the phase began then) or it was not, and the start goes on from where its lines put it
+        inferred = live.phase
+        state = evolve(state, attempt=_retract(live))
+        if found.phase is inferred:
+            state = _enter(state, inferred, line.t)
     if found.cache and live and live.compile_cache != "cold":  # one miss makes the compile cold
         state = evolve(state, attempt=evolve(state.attempt, compile_cache=found.cache))
     if found.info or found.values:  # most markers carry neither: no copy of the state for them
@@ -420,7 +454,7 @@ def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits
     if isinstance(obs, Lifecycle):
         return _lifecycle(state, obs)
     if isinstance(obs, ProcessSample):
-        return _processes(state, obs, limits)
+        return _infer(_processes(state, obs, limits), obs.t, grammar, limits)
     if isinstance(obs, Fault):
         live = _live(state)
         return evolve(state, attempt=_cause(live, obs.reason)) if live else state
