@@ -1,7 +1,9 @@
 """GPU source: attribution of per-process GPU memory to units, and life without NVML."""
 
 import ctypes.util
+import logging
 
+import pynvml
 import pytest
 
 from dataclasses import replace
@@ -50,17 +52,36 @@ def test_by_unit(reading, units, want):
     assert by_unit(reading, units) == want
 
 
+class _Counted:
+    """pynvml itself, counting the agent's calls to nvmlInit."""
+
+    def __init__(self) -> None:
+        self.inits = 0
+
+    def __getattr__(self, name: str):
+        return getattr(pynvml, name)
+
+    def nvmlInit(self) -> None:
+        self.inits += 1
+        pynvml.nvmlInit()
+
+
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has NVML")
-def test_without_nvml_the_source_is_down_and_harmless():
+def test_without_nvml_the_source_is_down_and_harmless_and_says_so_once_as_information(caplog):
     # This machine has no NVIDIA driver: the real pynvml cannot load libnvidia-ml.so.1.
-    source = GpuSource(interval=0.1)
-    source.start()
-    try:
-        wait_for(lambda: source.status.failing, 5, "the GPU source to report itself down")
-        assert source.latest is None
-        assert source.status.health.up is False
-    finally:
-        source.stop()
+    nvml = _Counted()
+    source = GpuSource(interval=0.05, nvml=nvml)
+    with caplog.at_level(logging.INFO, logger="exporter.sources.gpu"):
+        source.start()
+        try:
+            wait_for(lambda: nvml.inits >= 3, 5, "the GPU source to look for the driver again")
+            assert source.latest is None
+            assert source.status.health.up is False
+        finally:
+            source.stop()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "exporter.sources.gpu"]
+    assert said == [("INFO", "no NVIDIA driver here: GPU memory will not be sampled")]
+    assert source.status.absent == "no NVIDIA driver here: GPU memory will not be sampled"
 
 
 def _proc(tmp_path, statuses: dict[str, str | None]):

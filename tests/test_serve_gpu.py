@@ -98,7 +98,7 @@ def test_a_blocked_nvml_call_stalls_only_the_gpu_evidence(agent, silent_unit, fa
     wait_for(lambda: verdict(port, unit) == "stalled", 10, "a stalled verdict once the evidence is fresh again")
 
 
-def test_nvml_missing_then_back(agent, silent_unit, fake_nvml):
+def test_nvml_missing_then_back(agent, silent_unit, fake_nvml, tmp_path):
     fake_nvml.add_device()
     fake_nvml.set_init(9)  # NVML_ERROR_DRIVER_NOT_LOADED
     unit = silent_unit()
@@ -108,6 +108,9 @@ def test_nvml_missing_then_back(agent, silent_unit, fake_nvml):
                  "the unit followed without NVML")
     assert s.value("llmstartup_source_up", source="gpu") == 0
     assert s.value("llmstartup_source_up", source="processes") == 1
+    log = (tmp_path / "agent-0.log").read_text()  # no driver is no fault: information, in a person's words
+    assert "level=INFO logger=exporter.sources.gpu msg=no NVIDIA driver loaded here: GPU memory will not be sampled" \
+        in log and "gpu source down" not in log, log
 
     fake_nvml.set_init("ok")  # the driver is back: the source retries with back-off and recovers
     wait_for(lambda: scrape(port).value("llmstartup_gpu_memory_used_bytes", unit=unit.name, gpu="0") == 3 * GiB,

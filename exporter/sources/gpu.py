@@ -17,6 +17,11 @@ from exporter.sources.status import SourceStatus
 
 logger = logging.getLogger(__name__)
 
+# What NVML says on a host without an NVIDIA driver, in a person's words.
+ABSENT = {
+    "NVMLError_LibraryNotFound": "no NVIDIA driver here: GPU memory will not be sampled",
+    "NVMLError_DriverNotLoaded": "no NVIDIA driver loaded here: GPU memory will not be sampled",
+}
 # Newest first: a driver without the _v3 calls makes pynvml raise FunctionNotFound, then _v2 is tried.
 PROCESS_LISTINGS = tuple(
     f"nvmlDeviceGet{kind}RunningProcesses{version}"
@@ -122,7 +127,10 @@ class GpuSource:
                 self._nvml.nvmlInit()
                 self._events = self._watch_xids()
             except self._nvml.NVMLError as error:
-                self.status.down(f"NVML unavailable: {error}")
+                # A host without a GPU is no fault: said once, as information. The driver may come later (or
+                # come back after an upgrade): it is looked for again either way.
+                absent = ABSENT.get(type(error).__name__)
+                self.status.down(absent or f"NVML unavailable: {error}", absent=absent is not None)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 60.0)
                 continue

@@ -16,6 +16,7 @@ class SourceStatus:
         self._wall = wall
         self._failing: bool | None = None  # None until the first report
         self.health = SourceHealth(up=False)
+        self.absent: str | None = None  # why it is down, when what it reads is not on this host at all
 
     @property
     def failing(self) -> bool:
@@ -26,10 +27,17 @@ class SourceStatus:
         if self._failing is not False:
             self._logger.info("%s source up%s", self.name, f": {detail}" if detail else "")
         self._failing = False
+        self.absent = None
         self.health = SourceHealth(up=True, last_success=self._wall())
 
-    def down(self, why: str) -> None:
+    def down(self, why: str, absent: bool = False) -> None:
+        """Down, with the reason; `absent`: what the source reads is not on this host (no NVIDIA driver), which
+        is no fault: said once as information, in the reason's own words."""
         if self._failing is not True:
-            self._logger.warning("%s source down: %s", self.name, why)
+            if absent:
+                self._logger.info("%s", why)
+            else:
+                self._logger.warning("%s source down: %s", self.name, why)
         self._failing = True
+        self.absent = why if absent else None
         self.health = SourceHealth(up=False, last_success=self.health.last_success)
