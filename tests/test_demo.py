@@ -1,21 +1,27 @@
 """`llmstartup demo`: its private journald namespace and scripted vLLM unit reach ready under the agent,
-and Ctrl-C or SIGTERM stops it all, with exit 0 and nothing left behind.
+whatever else runs on the host, and Ctrl-C or SIGTERM stops it all, with exit 0 and nothing left behind.
 
-The demo follows the host's own model-server units instead when it finds any: run it where none runs.
+The demo follows only its own unit: a real model server starting beside it (llama.cpp's, a unit that `serve`
+would discover) is named in one line, never followed.
 """
 
 from __future__ import annotations
 
+import ctypes.util
+import importlib.util
+import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from exporter.shell.demo import run, sandbox
-from tests.needs import needs
+from exporter.shell.demo import sandbox
+from tests.needs import missing, needs
 from tests.scrape import Scrape, fetch, free_port, try_fetch, wait_for
+from tests.tiny_model import write_tiny_llama
 
 
 def _why_no_sandbox() -> str | None:
@@ -28,6 +34,20 @@ def _why_no_sandbox() -> str | None:
 
 WHY_NOT = _why_no_sandbox()
 pytestmark = needs(WHY_NOT is None, f"the demo's journald sandbox: {WHY_NOT}", root=True)
+INTRO = re.compile(r"demo: (\S+\.service) prints a vLLM startup into journald namespace (\S+);")
+
+
+@pytest.fixture
+def model_server_beside(journald: sandbox.Journald, tmp_path: Path) -> Iterator[str]:
+    """A real model server starting on the same host: llama.cpp's server with a tiny model, as a unit (of the
+    tests' journald namespace) that `serve` discovers by its command line."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        missing("llama-cpp-python[server] (the test extra)")
+    model = write_tiny_llama(tmp_path / "tiny-random-llama.gguf")
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+            "--port", str(free_port()), "--n_ctx", "128"]
+    with sandbox.start_unit(journald, "test-beside-the-demo.service", argv) as unit:
+        yield unit.name
 
 
 def _demo(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
@@ -38,26 +58,41 @@ def _demo(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
     return demo, port, out
 
 
-def _nothing_left() -> None:
-    cgroup = sandbox.cgroup2_root() / sandbox.SLICE / run.UNIT
-    runtime = sandbox.RUN_SYSTEMD / f"journal.{run.NAMESPACE}"
+def _nothing_left(unit: str, namespace: str) -> None:
+    cgroup = sandbox.cgroup2_root() / sandbox.SLICE / unit
+    runtime = sandbox.RUN_SYSTEMD / f"journal.{namespace}"
     assert not cgroup.exists(), f"the demo unit's cgroup {cgroup} was left"
     assert not runtime.exists(), f"the demo's journald namespace {runtime} was left"
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
-def test_the_demo_reaches_ready_and_stops(stop, tmp_path):
+@pytest.mark.parametrize(
+    ("stop", "beside"),
+    [
+        pytest.param(signal.SIGINT, True, id="Ctrl-C once ready, a real model server starting beside it"),
+        pytest.param(signal.SIGTERM, False, id="SIGTERM mid-startup"),
+    ],
+)
+def test_the_demo_shows_its_own_start_and_stops(stop, beside, request, tmp_path):
+    other = request.getfixturevalue("model_server_beside") if beside else None
     demo, port, out = _demo(tmp_path)
     try:
+        intro = wait_for(lambda: INTRO.search(out.read_text()) or demo.poll() is not None, 60, "the demo's first line")
+        assert demo.poll() is None, out.read_text()
+        unit, namespace = intro.groups()
         if stop is signal.SIGINT:  # the whole startup, about a minute: silent compile, CUDA-graph bar, ready
             wait_for(lambda: "ready; the phases took:" in out.read_text() or demo.poll() is not None, 180,
                      "the demo unit to reach ready")
             assert demo.poll() is None, out.read_text()
             s = Scrape(fetch(port))
-            assert (s.one_of("unit_phase", run.UNIT, "phase"), s.one_of("unit_verdict", run.UNIT, "verdict")) == \
+            assert (s.one_of("unit_phase", unit, "phase"), s.one_of("unit_verdict", unit, "verdict")) == \
                 ("ready", "ready")
+            assert [i.labels["unit"] for i in s.all("llmstartup_unit_info")] == [unit], "the demo follows its own"
             text = out.read_text()
             assert "compiling" in text and "silent_progress" in text, text
+            said = [line for line in text.splitlines() if "this host also runs model servers" in line]
+            assert len(said) == 1 and f"{other} (llamacpp)" in said[0], text
+            if ctypes.util.find_library("nvidia-ml") is None:  # said once, as information, not as a warning
+                assert text.count("demo: no NVIDIA driver here: GPU memory will not be sampled\n") == 1, text
         else:  # as soon as it serves: mid-startup
             wait_for(lambda: try_fetch(port) or demo.poll() is not None, 60, "the demo to serve /metrics")
             assert demo.poll() is None, out.read_text()
@@ -67,5 +102,29 @@ def test_the_demo_reaches_ready_and_stops(stop, tmp_path):
         if demo.poll() is None:
             demo.kill()
             demo.wait()
-    assert "demo: stopping" in out.read_text() and "Traceback" not in out.read_text(), out.read_text()
-    _nothing_left()
+    text = out.read_text()
+    assert "demo: stopping" in text and "Traceback" not in text and "WARNING" not in text, text
+    _nothing_left(unit, namespace)
+
+
+def test_two_demos_at_once_each_show_their_own_start(tmp_path):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    demos = [_demo(tmp_path / "a"), _demo(tmp_path / "b")]
+    try:
+        intros = [wait_for(lambda: INTRO.search(out.read_text()) or demo.poll() is not None, 60, "the demo's first line")
+                  for demo, _, out in demos]
+        assert all(demo.poll() is None for demo, _, _ in demos), [out.read_text() for _, _, out in demos]
+        names = [intro.groups() for intro in intros]
+        assert len({unit for unit, _ in names}) == len({ns for _, ns in names}) == 2, names
+        for (demo, port, _), (unit, _) in zip(demos, names):
+            wait_for(lambda: Scrape(fetch(port)).one_of("unit_phase", unit, "phase") not in (None, "inactive"), 60,
+                     f"{unit} to start under its demo's agent")
+            demo.send_signal(signal.SIGTERM)
+        assert [demo.wait(timeout=30) for demo, _, _ in demos] == [0, 0]
+    finally:
+        for demo, _, _ in demos:
+            if demo.poll() is None:
+                demo.kill()
+                demo.wait()
+    for unit, namespace in names:
+        _nothing_left(unit, namespace)

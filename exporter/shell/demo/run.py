@@ -1,12 +1,18 @@
-"""`llmstartup demo`: follow the host's model-server units, or a scripted vLLM startup in a private journal."""
+"""`llmstartup demo`: a scripted vLLM startup in a private journal, followed live by an agent of its own.
+
+The demo always shows its own start, whatever else runs on the host: its agent follows its one unit in its
+own journald namespace, never the host's units or containers (watching those is `serve`, `status` and
+`wait`'s job); it only says, in one line, which model servers it saw there.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TextIO
 
 from exporter.core import grammar, progress
@@ -24,48 +30,59 @@ NAMESPACE = "llmstartup-demo"
 UNIT = "llmstartup-demo-vllm.service"
 
 
-def _model_servers() -> list[str]:
+def names() -> tuple[str, str]:
+    """The demo's journald namespace and unit: the plain names, or with this process's id in them while
+    another demo holds those, so that two demos on one host each show their own start."""
+    if sandbox.namespace_running(NAMESPACE) or sandbox.unit_running(UNIT):
+        return f"{NAMESPACE}-{os.getpid()}", f"{UNIT.removesuffix('.service')}-{os.getpid()}.service"
+    return NAMESPACE, UNIT
+
+
+def model_servers() -> dict[str, str]:
+    """The host's model-server units (unit → engine), found as `serve` discovers them: by their processes'
+    command lines."""
     root = find_cgroup2_root()
     if root is None:
-        return []
+        return {}
     try:
         found = ProcessSource(root).list_units()
     except OSError:
-        return []
-    names = EngineNames((), grammar.load_all())
-    return [u for u, cmdlines in found.items() if names.of(cmdlines)]
+        return {}
+    engines = EngineNames((), grammar.load_all())
+    return {unit: engine for unit, cmdlines in found.items() if (engine := engines.of(cmdlines))}
 
 
 def run_demo(listen: tuple[str, int]) -> int:
-    from exporter.shell.cli import run_serve
-
-    if servers := _model_servers():
-        logger.info("this host runs model servers (%s): following them instead of the demo", ", ".join(servers))
-        return run_serve(Config(listen=listen))
     try:
         sandbox.preflight()
     except RuntimeError as error:
         logger.error("the demo cannot run here: %s", error)
         return 1
+    others = model_servers()
+    namespace, unit_name = names()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with sandbox.Journald(NAMESPACE) as journald:
-        # Thresholds scaled to the demo's minute-long startup, so the silent compile shows as such.
-        config = Config(units=((UNIT, "vllm"),), namespace=journald.namespace, listen=listen,
-                        interval=1.0, silence=8.0, stall=60.0, state_path=None)
+    with sandbox.Journald(namespace) as journald:
+        # Thresholds scaled to the demo's minute-long startup, so the silent compile shows as such; its one
+        # unit named, in its own namespace, and no containers: the agent follows nothing else.
+        config = Config(units=((unit_name, "vllm"),), namespace=journald.namespace, listen=listen,
+                        interval=1.0, silence=8.0, stall=60.0, state_path=None, pods=None, docker=None)
         try:
             runtime, agent_stop, thread = run_in_thread(config)
         except StartError as error:
             logger.error("%s", error)
             return 1
         argv = [sys.executable, "-m", "exporter.shell.demo.vllm_startup", "--scenario", "demo"]
-        unit = sandbox.start_unit(journald, UNIT, argv)
-        # The live display below shows every transition; the agent's own INFO lines would repeat it.
-        logging.getLogger("exporter").setLevel(logging.WARNING)
-        print(f"demo: {UNIT} prints a vLLM startup into journald namespace {NAMESPACE};"
-              f" metrics on http://{listen[0]}:{listen[1]}/metrics; Ctrl-C stops it all\n", flush=True)
+        unit = sandbox.start_unit(journald, unit_name, argv)
+        print(f"demo: {unit_name} prints a vLLM startup into journald namespace {namespace};"
+              f" metrics on http://{listen[0]}:{listen[1]}/metrics; Ctrl-C stops it all", flush=True)
+        if others:
+            print(f"demo: this host also runs model servers ({', '.join(f'{u} ({e})' for u, e in others.items())}):"
+                  " the demo shows only its own; `llmstartup status` follows them", flush=True)
+        gpu = runtime.gpu
         try:
-            _show(lambda: runtime.agent.snapshot, stop, sys.stdout)
+            _show(unit_name, lambda: runtime.agent.snapshot, stop, sys.stdout,
+                  notes=lambda: (gpu.status.absent,) if gpu and gpu.status.absent else ())
         except KeyboardInterrupt:
             pass
         finally:
@@ -77,15 +94,22 @@ def run_demo(listen: tuple[str, int]) -> int:
     return 0
 
 
-def _show(snapshot: Callable[[], Snapshot], stop: threading.Event, out: TextIO) -> None:
-    """Print each phase or verdict change; on a terminal, keep a live status line under them."""
+def _show(unit: str, snapshot: Callable[[], Snapshot], stop: threading.Event, out: TextIO,
+          notes: Callable[[], Iterable[str]] = tuple) -> None:
+    """Print each phase or verdict change of `unit`, and each of the agent's `notes` once (no NVIDIA driver
+    here); on a terminal, keep a live status line under them."""
     live = out.isatty()
     last: tuple[Phase, str] | None = None
     before: Snapshot | None = None
     said_ready = False
+    said: set[str] = set()
     while not stop.wait(0.5):
+        for note in notes():
+            if note not in said:
+                said.add(note)
+                out.write(("\r\x1b[K" if live else "") + f"demo: {note}\n")
         snap = snapshot()
-        view = next((v for v in snap.units if v.state.unit == UNIT), None)
+        view = next((v for v in snap.units if v.state.unit == unit), None)
         if view is None or view.state.attempt is None:
             continue
         line = _status(view, snap, before)

@@ -122,6 +122,20 @@ def _listening(path: Path) -> bool:
     return False
 
 
+def _runtime_dir(namespace: str) -> Path:
+    return RUN_SYSTEMD / f"journal.{namespace}"
+
+
+def namespace_running(namespace: str) -> bool:
+    """Whether a journald instance of this namespace is running (its stdout socket listens)."""
+    return _listening(_runtime_dir(namespace) / "stdout")
+
+
+def unit_running(name: str) -> bool:
+    """Whether a unit of this name has processes (in its cgroup under system.slice)."""
+    return bool(_pids(cgroup2_root() / SLICE / _unit_name(name)))
+
+
 def _pids(cgroup: Path) -> set[int]:
     """Every process in the cgroup and its descendants; none when the cgroup is gone."""
     pids: set[int] = set()
@@ -170,7 +184,7 @@ class Journald:
         if not NAMESPACE.fullmatch(namespace):
             raise ValueError(f"invalid journal namespace name {namespace!r}")
         self.namespace = namespace
-        self.runtime_dir = RUN_SYSTEMD / f"journal.{namespace}"
+        self.runtime_dir = _runtime_dir(namespace)
         self.stdout_socket = self.runtime_dir / "stdout"
         self.process: subprocess.Popen[bytes] | None = None
         self._log: Any = None
