@@ -75,3 +75,40 @@ def test_the_check_catches_an_impure_core_module() -> None:
 def test_every_module_is_in_a_ring() -> None:
     loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     assert not loose, f"modules outside core/, sources/ and shell/: {loose}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph` (module → the modules it imports): each a path that comes back to its start."""
+    circles, done = [], set()
+
+    def visit(module: str, path: list[str]) -> None:
+        for imported in sorted(graph[module]):
+            if imported in path:
+                circles.append([*path[path.index(imported):], imported])
+            elif imported not in done:
+                visit(imported, [*path, imported])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    return circles
+
+
+def test_no_two_modules_import_each_other_even_inside_a_function() -> None:
+    """A circle (cli imports demo.run to run it, demo.run imports cli to serve) ties two responsibilities
+    into one: whichever way round, one of them belongs elsewhere."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: {n for n in _imports(ast.parse(path.read_text())) if n in modules and n != name}
+             for name, path in modules.items()}
+    assert not _cycles(graph), _cycles(graph)
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
