@@ -1,6 +1,7 @@
 """Golden files: the `/metrics` exposition and the landing page, rendered from one hand-made Snapshot.
 
-A change to what either renders fails here with the diff. When the change is meant, write the files
+And README.md's metrics table, rendered from the families' definitions (exporter/shell/collector.py).
+A change to what any of them renders fails here with the diff. When the change is meant, write the files
 again and commit them with it:
 
     LLMSTARTUP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,8 +34,8 @@ from exporter.core.model import (
     Outcome,
     Phase,
     ProcessSample,
-    Progress,
     ProcessState,
+    Progress,
     Reason,
     Signal,
     Snapshot,
@@ -48,6 +48,7 @@ from exporter.core.model import (
     frozen_map,
 )
 from exporter.core.tracker import DURATION_BUCKETS
+from exporter.shell.collector import FAMILIES
 from exporter.shell.exposition import Exposition
 from tests.needs import missing
 
@@ -232,17 +233,48 @@ def test_landing_page() -> None:
     check_golden("landing.html", landing.render(SNAPSHOT).replace("><", ">\n<"))  # a line per tag: readable diffs
 
 
-def _readme_metrics() -> set[str]:
-    """Every metric name in the README's metrics table, prefixed."""
-    table = README.read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
-    return {f"llmstartup_{name}" for row in re.findall(r"^\| (`.*?) \|", table, re.MULTILINE)
-            for name in re.findall(r"`(\w+)`", row)}
+# README.md's metrics table lies between these two lines; the test below renders it from the families.
+TABLE_BEGIN = "<!-- The metrics table, rendered from exporter/shell/collector.py (tests/test_golden.py). -->\n"
+TABLE_END = "<!-- The end of the metrics table. -->\n"
 
 
-def test_a_full_exposition_has_every_documented_family_and_no_created_pid_or_hostname() -> None:
+def metrics_table() -> str:
+    """README.md's metrics table, rendered from the families' definitions: adjacent families of the same
+    type, labels and words share a row."""
+    rows: list[tuple[list[str], str, str, str]] = []
+    for family in FAMILIES:
+        labels = ", ".join(family.labels)
+        if rows and rows[-1][1:] == (family.type, labels, family.doc):
+            rows[-1][0].append(family.name)
+        else:
+            rows.append(([family.name], family.type, labels, family.doc))
+    lines = ["| metric | type | labels | what |", "|---|---|---|---|"]
+    lines += [f"| {', '.join(f'`{n}`' for n in names)} | {kind} | {labels} | {doc} |" for names, kind, labels, doc in rows]
+    lines.append("| `exporter_process_*` | | | the agent's own CPU, memory and file descriptors (prometheus_client's) |")
+    buckets = ", ".join(f"{bound:g}" for bound in DURATION_BUCKETS)
+    return "\n".join(lines) + f"\n\nHistogram buckets: {buckets} seconds.\n"
+
+
+def test_the_readme_metrics_table_is_rendered_from_the_families() -> None:
+    text = README.read_text()
+    assert text.count(TABLE_BEGIN) == text.count(TABLE_END) == 1, "README.md's metrics table lost its markers"
+    before, rest = text.split(TABLE_BEGIN)
+    table, after = rest.split(TABLE_END)
+    if UPDATE:
+        README.write_text(before + TABLE_BEGIN + metrics_table() + TABLE_END + after)
+        return
+    if table != metrics_table():
+        diff = "".join(difflib.unified_diff(table.splitlines(True), metrics_table().splitlines(True),
+                                            "README.md (committed)", "the families (rendered now)"))
+        pytest.fail("README.md's metrics table differs from exporter/shell/collector.py's families; if the change "
+                    "is meant, run\n    LLMSTARTUP_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py\n"
+                    f"and commit README.md.\n\n{diff}", pytrace=False)
+
+
+def test_a_full_exposition_has_every_defined_family_and_no_created_pid_or_hostname() -> None:
     families = {f.name: f for f in text_string_to_metric_families(exposition(SNAPSHOT))}
     names = {f"{name}_total" if f.type == "counter" else name for name, f in families.items()}
-    assert names == _readme_metrics() - {"llmstartup_exporter_process_"}, "the README's metrics table is what is served"
+    assert names == {f"llmstartup_{family.name}" for family in FAMILIES}, "every family defined is served"
     empty = [name for name, f in families.items() if not f.samples]
     assert not empty, f"the hand-made snapshot leaves these families without a series: {empty}"
     samples = [s for f in families.values() for s in f.samples]

@@ -2,11 +2,10 @@
 
 import ctypes.util
 import logging
+from dataclasses import replace
 
 import pynvml
 import pytest
-
-from dataclasses import replace
 
 from exporter.core.model import Gpu
 from exporter.sources.gpu import GpuReading, GpuSource, by_unit, host_to_local_pids, in_child_pid_namespace

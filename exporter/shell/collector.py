@@ -1,4 +1,7 @@
-"""Snapshot → Prometheus metric families: the live ones, and those of finished phases and starts.
+"""Snapshot → Prometheus metric families, each defined once in `LIVE` or `HISTORY`: its name, type, help,
+labels, what README.md's metrics table says of it, and how it is read from a snapshot (the live families)
+or from the units' records (those of finished phases and starts). `tests/test_golden.py` renders the
+README's table from these definitions and fails when the two differ. A new family is one entry.
 
 Example of what it renders for one unit (abridged):
 
@@ -10,8 +13,9 @@ Example of what it renders for one unit (abridged):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -34,6 +38,8 @@ from exporter.core.model import (
     Reason,
     Signal,
     Snapshot,
+    UnitState,
+    UnitView,
     Verdict,
 )
 from exporter.core.stuck import frame_labels
@@ -42,133 +48,269 @@ NS = "llmstartup"
 # The sources sample on their own cadence and a scrape renders their latest snapshot, so that a hung
 # GPU cannot hang a scrape (docs/design.md); the HELP texts say so, as writing_exporters.md asks.
 CACHED = " Sampled by the agent every --sample.interval, not at scrape time."
+KINDS = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}
+
+T = TypeVar("T")
+Sample = tuple[Sequence[str], Any]  # label values and the value: a number, or a Histogram for a histogram
 
 
-def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(f"{NS}_{name}", doc, labels=labels)
+@dataclass(frozen=True, slots=True)
+class Family(Generic[T]):
+    """One metric family: what /metrics serves of it, and what the README says."""
+
+    name: str  # after the prefix; a counter's ends in _total
+    type: str  # gauge, counter or histogram
+    labels: tuple[str, ...]
+    help: str  # its HELP line
+    doc: str  # the README's "what"
+    read: Callable[[T], Iterable[Sample]]  # its series, from a Snapshot (LIVE) or the units' records (HISTORY)
+
+    def render(self, source: T) -> Metric:
+        family = KINDS[self.type](f"{NS}_{self.name}", self.help, labels=list(self.labels))
+        for labels, value in self.read(source):
+            if isinstance(value, Histogram):
+                family.add_metric(list(labels), _buckets(value), value.total)
+            else:
+                family.add_metric(list(labels), value)
+        return family
 
 
 def _buckets(hist: Histogram) -> list[tuple[str, float]]:
     return [(repr(b), c) for b, c in zip(hist.bounds, hist.counts)] + [("+Inf", hist.count)]
 
 
-class SnapshotCollector(Collector):
-    """The families that change every sample interval: phases, verdicts, signals, samples, sources."""
+def _listed(values: Iterable[str]) -> str:
+    return ", ".join(values)
 
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
-        self._snapshot = snapshot
 
-    def collect(self) -> Iterator[Metric]:
-        snap = self._snapshot()
-        wall = snap.wall_offset
+# ---- the live families: a snapshot's, rendered once per snapshot ----
 
-        build = _gauge("build_info", "Version of the llmstartup exporter.", ["version"])
-        build.add_metric([__version__], 1)
-        yield build
 
-        info = _gauge(
-            "unit_info", "The model server a unit runs; for a container, its namespace, pod and name.",
-            ["unit", "engine", "engine_version", "model", "namespace", "pod", "container"],
-        )
-        phase = _gauge("unit_phase", "Startup phase of the unit: 1 for the current one." + CACHED, ["unit", "phase"])
-        verdict = _gauge("unit_verdict", "Is the unit progressing, silently progressing, stalled…: 1 for the current one." + CACHED, ["unit", "verdict"])
-        startup_start = _gauge("startup_start_timestamp_seconds", "When the unit's current or last start began.", ["unit"])
-        phase_start = _gauge("phase_start_timestamp_seconds", "When the unit entered its current phase.", ["unit"])
-        ready_at = _gauge("ready_timestamp_seconds", "When the unit's current start became ready.", ["unit"])
-        last_log = _gauge("last_log_timestamp_seconds", "When the unit last wrote a journal line.", ["unit"])
-        progress = _gauge("last_progress_timestamp_seconds", "When each liveness signal of the unit last moved past its floor.", ["unit", "signal"])
-        cpu = CounterMetricFamily(f"{NS}_process_cpu_seconds_total", "CPU time of the unit's processes, exited children included." + CACHED, labels=["unit"])
-        suppressed = CounterMetricFamily(f"{NS}_journal_suppressed_lines_total", "Lines of the unit that journald's rate limit dropped (its 'Suppressed N messages' notices).", labels=["unit"])
-        read = CounterMetricFamily(f"{NS}_process_read_bytes_total", "Bytes the unit's processes read (rchar: disk, pipes and network)." + CACHED, labels=["unit"])
-        written = CounterMetricFamily(f"{NS}_process_written_bytes_total", "Bytes the unit's processes wrote (wchar)." + CACHED, labels=["unit"])
-        rss = _gauge("process_resident_memory_bytes", "Resident memory of the unit's processes, summed." + CACHED, ["unit"])
-        processes = _gauge("processes", "The unit's processes by state." + CACHED, ["unit", "state"])
-        gpu_memory = _gauge("gpu_memory_used_bytes", "GPU memory the unit's processes use on each GPU." + CACHED, ["unit", "gpu"])
-        values = {name: _gauge(name, doc, ["unit"]) for name, doc in VALUES.items()}
-        progress_ratio = _gauge("phase_progress_ratio", "How far the current phase is (0-1) by the engine's own progress reports; no series while it reports none.", ["unit"])
-        progress_done = _gauge("phase_progress_done", "How many of what the engine counts in the current phase are done (shards, files, bytes).", ["unit", "item"])
-        progress_target = _gauge("phase_progress_target", "How many of what the engine counts in the current phase there are in all.", ["unit", "item"])
-        phase_end = _gauge("phase_expected_end_timestamp_seconds", "When the current phase should end, by the rate of its progress reports (the engine's own estimate when it gives one).", ["unit"])
-        ready_expected = _gauge("startup_expected_ready_timestamp_seconds", "When the current start should be ready: the phase's expected end plus the typical durations of the phases ahead (history).", ["unit"])
-        stuck_frame = _gauge("unit_stuck_frame_info", "Where a stalled unit is stuck: the innermost Python frame of "
-                             "its busiest process, or its kernel wait (file [kernel]); no series while it is not stalled.",
-                             ["unit", "function", "file"])
+def per_unit(read: Callable[[UnitView, Snapshot], Iterable[Sample]]) -> Callable[[Snapshot], Iterator[Sample]]:
+    """A family with a series (or several) per unit, its label values after the unit's."""
 
+    def each(snap: Snapshot) -> Iterator[Sample]:
         for view in snap.units:
-            state, unit = view.state, view.state.unit
-            where = view.container.labels if view.container else {}
-            info.add_metric(
-                [unit, state.engine, state.info.get("engine_version", ""), state.info.get("model", ""),
-                 where.get("namespace", ""), where.get("pod", ""), where.get("container", "")],
-                1,
-            )
-            for p in Phase:
-                phase.add_metric([unit, p], float(p is state.phase))
-            for v in Verdict:
-                verdict.add_metric([unit, v], float(v is view.verdict))
-            if attempt := state.attempt:
-                startup_start.add_metric([unit], attempt.started + wall)
-                phase_start.add_metric([unit], attempt.phase_since + wall)
-                if attempt.ready_at is not None:
-                    ready_at.add_metric([unit], attempt.ready_at + wall)
-            if state.last_log is not None:
-                last_log.add_metric([unit], state.last_log + wall)
-            for signal in Signal:
-                if signal in state.moved:
-                    progress.add_metric([unit, signal], state.moved[signal] + wall)
-            cpu.add_metric([unit], state.cpu_total)
-            suppressed.add_metric([unit], state.suppressed_total)
-            read.add_metric([unit], state.read_total)
-            written.add_metric([unit], state.written_total)
-            sample = state.last_process
-            rss.add_metric([unit], sample.rss_bytes if sample else 0)
-            for s in ProcessState:
-                processes.add_metric([unit, s], sample.states.get(s, 0) if sample else 0)
-            if state.last_gpu and snap.t - state.last_gpu.t <= snap.stale_after:  # stale: no series
-                for gpu, used in sorted(state.last_gpu.memory.items()):
-                    if used is not None:  # unknown is no series, never a 0
-                        gpu_memory.add_metric([unit, gpu], used)
-            for name, value in state.values.items():
-                values[name].add_metric([unit], value)
-            if (found := progresses.current(state.attempt)) is not None:
-                progress_ratio.add_metric([unit], found.ratio)
-                if found.item:
-                    progress_done.add_metric([unit, found.item], found.done)
-                    progress_target.add_metric([unit, found.item], found.total)
-                if (end := progresses.phase_end(found)) is not None:
-                    phase_end.add_metric([unit], end + wall)
-            if attempt and attempt.ended is None and (ready := progresses.ready_at(view.expected, attempt, snap.t)) is not None:
-                ready_expected.add_metric([unit], ready + wall)
-            if view.verdict is Verdict.STALLED and (labels := frame_labels(view.stuck)):
-                stuck_frame.add_metric([unit, *labels], 1)
+            for labels, value in read(view, snap):
+                yield (view.state.unit, *labels), value
 
-        yield from (info, phase, verdict, startup_start, phase_start, ready_at, last_log, progress)
-        yield from (cpu, suppressed, read, written, rss, processes, gpu_memory, *values.values())
-        yield from (progress_ratio, progress_done, progress_target, phase_end, ready_expected, stuck_frame)
+    return each
 
-        gpu_info = _gauge("gpu_info", "A GPU the agent sees, by index, with its UUID and name.", ["gpu", "uuid", "name"])
-        utilization = _gauge("gpu_utilization_ratio", "GPU busy time (0–1); recorded, never counted as progress." + CACHED, ["gpu"])
-        for gpu in snap.gpus:
-            gpu_info.add_metric([gpu.index, gpu.uuid, gpu.name], 1)
-            if gpu.utilization is not None:
-                utilization.add_metric([gpu.index], gpu.utilization)
-        xid = CounterMetricFamily(f"{NS}_gpu_xid_errors_total", "Xid errors the driver reported, by GPU and Xid, since the agent started.", labels=["gpu", "xid"])
-        for (gpu_index, number), n in sorted(snap.xid_errors.items()):
-            xid.add_metric([gpu_index, str(number)], n)
-        yield from (gpu_info, utilization, xid)
 
-        up = _gauge("source_up", "Whether the source's last attempt worked.", ["source"])
-        success = _gauge("source_last_success_timestamp_seconds", "When the source last worked.", ["source"])
-        for source, health in sorted(snap.sources.items()):
-            up.add_metric([source], float(health.up))
-            if health.last_success is not None:
-                success.add_metric([source], health.last_success)
-        restarts = CounterMetricFamily(
-            f"{NS}_journal_reader_restarts_total",
-            "Times the journal reader process died (e.g. SIGBUS on a truncated journal file) and was restarted.",
-        )
-        restarts.add_metric([], snap.journal_reader_restarts)
-        yield from (up, success, restarts)
+def _info(view: UnitView, _: Snapshot) -> Iterator[Sample]:
+    state, where = view.state, view.container.labels if view.container else {}
+    yield (state.engine, state.info.get("engine_version", ""), state.info.get("model", ""),
+           where.get("namespace", ""), where.get("pod", ""), where.get("container", "")), 1
+
+
+def _attempt_time(field: str) -> Callable[[UnitView, Snapshot], Iterator[Sample]]:
+    """When the unit's current (or last) start reached a point: an Attempt field, None until it does."""
+
+    def read(view: UnitView, snap: Snapshot) -> Iterator[Sample]:
+        if (attempt := view.state.attempt) and (t := getattr(attempt, field)) is not None:
+            yield (), t + snap.wall_offset
+
+    return read
+
+
+def _last_log(view: UnitView, snap: Snapshot) -> Iterator[Sample]:
+    if view.state.last_log is not None:
+        yield (), view.state.last_log + snap.wall_offset
+
+
+def _moved(view: UnitView, snap: Snapshot) -> Iterator[Sample]:
+    for signal in Signal:
+        if signal in view.state.moved:
+            yield (signal,), view.state.moved[signal] + snap.wall_offset
+
+
+def _processes(view: UnitView, _: Snapshot) -> Iterator[Sample]:
+    sample = view.state.last_process
+    for state in ProcessState:
+        yield (state,), sample.states.get(state, 0) if sample else 0
+
+
+def _gpu_memory(view: UnitView, snap: Snapshot) -> Iterator[Sample]:
+    gpu = view.state.last_gpu
+    if gpu and snap.t - gpu.t <= snap.stale_after:  # stale: no series
+        for index, used in sorted(gpu.memory.items()):
+            if used is not None:  # unknown is no series, never a 0
+                yield (index,), used
+
+
+def _of(get: Callable[[UnitState], float]) -> Callable[[UnitView, Snapshot], Iterator[Sample]]:
+    """One series per unit, of a number its state holds."""
+
+    def read(view: UnitView, _: Snapshot) -> Iterator[Sample]:
+        yield (), get(view.state)
+
+    return read
+
+
+def _value(name: str) -> Callable[[UnitView, Snapshot], Iterator[Sample]]:
+    def read(view: UnitView, _: Snapshot) -> Iterator[Sample]:
+        if name in view.state.values:
+            yield (), view.state.values[name]
+
+    return read
+
+
+def _progress(view: UnitView, snap: Snapshot) -> Iterator[Sample]:
+    if (found := progresses.current(view.state.attempt)) is not None:
+        yield (), found.ratio
+
+
+def _progress_count(total: bool) -> Callable[[UnitView, Snapshot], Iterator[Sample]]:
+    def read(view: UnitView, _: Snapshot) -> Iterator[Sample]:
+        if (found := progresses.current(view.state.attempt)) is not None and found.item:
+            yield (found.item,), found.total if total else found.done
+
+    return read
+
+
+def _phase_end(view: UnitView, snap: Snapshot) -> Iterator[Sample]:
+    if (found := progresses.current(view.state.attempt)) is not None and (end := progresses.phase_end(found)) is not None:
+        yield (), end + snap.wall_offset
+
+
+def _expected_ready(view: UnitView, snap: Snapshot) -> Iterator[Sample]:
+    attempt = view.state.attempt
+    if attempt and attempt.ended is None and (ready := progresses.ready_at(view.expected, attempt, snap.t)) is not None:
+        yield (), ready + snap.wall_offset
+
+
+def _stuck(view: UnitView, _: Snapshot) -> Iterator[Sample]:
+    if view.verdict is Verdict.STALLED and (labels := frame_labels(view.stuck)):
+        yield labels, 1
+
+
+LIVE: tuple[Family[Snapshot], ...] = (
+    Family("build_info", "gauge", ("version",),
+           help="Version of the llmstartup exporter.",
+           doc="always 1",
+           read=lambda snap: [((__version__,), 1)]),
+    Family("unit_info", "gauge", ("unit", "engine", "engine_version", "model", "namespace", "pod", "container"),
+           help="The model server a unit runs; for a container, its namespace, pod and name.",
+           doc="always 1; namespace, pod, container are a container's (empty for a systemd unit)",
+           read=per_unit(_info)),
+    Family("unit_phase", "gauge", ("unit", "phase"),
+           help="Startup phase of the unit: 1 for the current one." + CACHED,
+           doc="1 for the current phase",
+           read=per_unit(lambda view, _: (((p,), float(p is view.state.phase)) for p in Phase))),
+    Family("unit_verdict", "gauge", ("unit", "verdict"),
+           help="Is the unit progressing, silently progressing, stalled…: 1 for the current one." + CACHED,
+           doc="1 for the current verdict",
+           read=per_unit(lambda view, _: (((v,), float(v is view.verdict)) for v in Verdict))),
+    Family("startup_start_timestamp_seconds", "gauge", ("unit",),
+           help="When the unit's current or last start began.",
+           doc="when the current or last start began",
+           read=per_unit(_attempt_time("started"))),
+    Family("phase_start_timestamp_seconds", "gauge", ("unit",),
+           help="When the unit entered its current phase.",
+           doc="when the current phase began",
+           read=per_unit(_attempt_time("phase_since"))),
+    Family("ready_timestamp_seconds", "gauge", ("unit",),
+           help="When the unit's current start became ready.",
+           doc="when the current start became ready",
+           read=per_unit(_attempt_time("ready_at"))),
+    Family("last_log_timestamp_seconds", "gauge", ("unit",),
+           help="When the unit last wrote a journal line.",
+           doc="the unit's last journal line",
+           read=per_unit(_last_log)),
+    Family("last_progress_timestamp_seconds", "gauge", ("unit", "signal"),
+           help="When each liveness signal of the unit last moved past its floor.",
+           doc=f"when each signal last moved: {_listed(Signal)}",
+           read=per_unit(_moved)),
+    Family("process_cpu_seconds_total", "counter", ("unit",),
+           help="CPU time of the unit's processes, exited children included." + CACHED,
+           doc="CPU of the unit's processes, exited children included",
+           read=per_unit(_of(lambda state: state.cpu_total))),
+    Family("journal_suppressed_lines_total", "counter", ("unit",),
+           help="Lines of the unit that journald's rate limit dropped (its 'Suppressed N messages' notices).",
+           doc="lines journald's rate limit dropped (its \"Suppressed N messages from UNIT\" notices, trusted only "
+           "from journald itself); they count as log movement",
+           read=per_unit(_of(lambda state: state.suppressed_total))),
+    Family("process_read_bytes_total", "counter", ("unit",),
+           help="Bytes the unit's processes read (rchar: disk, pipes and network)." + CACHED,
+           doc="rchar: what the unit's processes read (disk, pipes, network)",
+           read=per_unit(_of(lambda state: state.read_total))),
+    Family("process_written_bytes_total", "counter", ("unit",),
+           help="Bytes the unit's processes wrote (wchar)." + CACHED,
+           doc="wchar: what they wrote",
+           read=per_unit(_of(lambda state: state.written_total))),
+    Family("process_resident_memory_bytes", "gauge", ("unit",),
+           help="Resident memory of the unit's processes, summed." + CACHED,
+           doc="RSS, summed",
+           read=per_unit(_of(lambda state: state.last_process.rss_bytes if state.last_process else 0))),
+    Family("processes", "gauge", ("unit", "state"),
+           help="The unit's processes by state." + CACHED,
+           doc=_listed(ProcessState),
+           read=per_unit(_processes)),
+    Family("gpu_memory_used_bytes", "gauge", ("unit", "gpu"),
+           help="GPU memory the unit's processes use on each GPU." + CACHED,
+           doc="GPU memory of the unit's processes; no series when NVML cannot say",
+           read=per_unit(_gpu_memory)),
+    *(Family(name, "gauge", ("unit",), help=text, doc="as the engine reports them", read=per_unit(_value(name)))
+      for name, text in VALUES.items()),
+    Family("phase_progress_ratio", "gauge", ("unit",),
+           help="How far the current phase is (0-1) by the engine's own progress reports; no series while it "
+           "reports none.",
+           doc="how far the current phase is (0–1) by the engine's own progress reports; no series while it "
+           "reports none",
+           read=per_unit(_progress)),
+    Family("phase_progress_done", "gauge", ("unit", "item"),
+           help="How many of what the engine counts in the current phase are done (shards, files, bytes).",
+           doc="what the engine counts in that phase, done (`item`: shard, file, byte, …), where it counts",
+           read=per_unit(_progress_count(total=False))),
+    Family("phase_progress_target", "gauge", ("unit", "item"),
+           help="How many of what the engine counts in the current phase there are in all.",
+           doc="the same, in all",
+           read=per_unit(_progress_count(total=True))),
+    Family("phase_expected_end_timestamp_seconds", "gauge", ("unit",),
+           help="When the current phase should end, by the rate of its progress reports (the engine's own "
+           "estimate when it gives one).",
+           doc="when the current phase should end by its progress (the engine's own estimate when it gives one)",
+           read=per_unit(_phase_end)),
+    Family("startup_expected_ready_timestamp_seconds", "gauge", ("unit",),
+           help="When the current start should be ready: the phase's expected end plus the typical durations of "
+           "the phases ahead (history).",
+           doc="when the start should be ready, from that and the unit's history",
+           read=per_unit(_expected_ready)),
+    Family("unit_stuck_frame_info", "gauge", ("unit", "function", "file"),
+           help="Where a stalled unit is stuck: the innermost Python frame of its busiest process, or its kernel "
+           "wait (file [kernel]); no series while it is not stalled.",
+           doc="1 while the unit is stalled: the innermost Python frame of its busiest process (`file` relative "
+           "to its package, e.g. `torch/distributed/distributed_c10d.py`), or its kernel wait channel with "
+           "`file=\"[kernel]\"`; at most one series per unit, none when unknown",
+           read=per_unit(_stuck)),
+    Family("gpu_info", "gauge", ("gpu", "uuid", "name"),
+           help="A GPU the agent sees, by index, with its UUID and name.",
+           doc="always 1",
+           read=lambda snap: [((gpu.index, gpu.uuid, gpu.name), 1) for gpu in snap.gpus]),
+    Family("gpu_utilization_ratio", "gauge", ("gpu",),
+           help="GPU busy time (0–1); recorded, never counted as progress." + CACHED,
+           doc="GPU busy time, 0–1; recorded, never counted as progress",
+           read=lambda snap: [((gpu.index,), gpu.utilization) for gpu in snap.gpus if gpu.utilization is not None]),
+    Family("gpu_xid_errors_total", "counter", ("gpu", "xid"),
+           help="Xid errors the driver reported, by GPU and Xid, since the agent started.",
+           doc="Xid errors since the agent started, from the kernel's `NVRM: Xid` lines and NVML's events, each "
+           "event counted once",
+           read=lambda snap: [((gpu, str(xid)), n) for (gpu, xid), n in sorted(snap.xid_errors.items())]),
+    Family("source_up", "gauge", ("source",),
+           help="Whether the source's last attempt worked.",
+           doc="journal, processes, gpu, containers, history (serve's writes), stacks (with `--collector.stacks`); "
+           "a source stuck in a call counts as down once its last success is stale",
+           read=lambda snap: [((source,), float(health.up)) for source, health in sorted(snap.sources.items())]),
+    Family("source_last_success_timestamp_seconds", "gauge", ("source",),
+           help="When the source last worked.",
+           doc="when it last worked",
+           read=lambda snap: [((source,), health.last_success) for source, health in sorted(snap.sources.items())
+                              if health.last_success is not None]),
+    Family("journal_reader_restarts_total", "counter", (),
+           help="Times the journal reader process died (e.g. SIGBUS on a truncated journal file) and was restarted.",
+           doc="times the journal reader process died (e.g. SIGBUS) and was restarted",
+           read=lambda snap: [((), snap.journal_reader_restarts)]),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +332,62 @@ def unit_records(snap: Snapshot) -> tuple[UnitRecord, ...]:
                             v.state.last_phase_durations, v.state.startup_durations, v.expected) for v in snap.units)
 
 
+# ---- the families of finished phases and starts: rendered again only when one ends ----
+
+
+def per_record(read: Callable[[UnitRecord], Iterable[Sample]]) -> Callable[[Sequence[UnitRecord]], Iterator[Sample]]:
+    def each(records: Sequence[UnitRecord]) -> Iterator[Sample]:
+        for record in records:
+            for labels, value in read(record):
+                yield (record.unit, *labels), value
+
+    return each
+
+
+HISTORY: tuple[Family[Sequence[UnitRecord]], ...] = (
+    Family("startups_total", "counter", ("unit", "outcome"),
+           help="Starts of the unit by how they ended.",
+           doc=_listed(Outcome),
+           read=per_record(lambda record: (((o,), record.startups.get(o, 0)) for o in Outcome))),
+    Family("failures_total", "counter", ("unit", "phase", "reason"),
+           help="Failures of the unit by the phase they happened in and why.",
+           doc=_listed(Reason),
+           read=per_record(lambda record: (((phase, reason), n) for (phase, reason), n in sorted(record.failures.items())))),
+    Family("phase_duration_seconds", "histogram", ("unit", "phase"),
+           help="How long each startup phase took, once per start.",
+           doc="each phase once per start",
+           read=per_record(lambda record: (((p,), record.phase_durations[p]) for p in STARTUP_ORDER
+                                           if record.phase_durations.get(p)))),
+    Family("startup_duration_seconds", "histogram", ("unit", "outcome"),
+           help="How long starts took, to ready, failure or stop.",
+           doc="each start once",
+           read=per_record(lambda record: (((o,), hist) for o, hist in sorted(record.startup_durations.items())))),
+    Family("last_phase_duration_seconds", "gauge", ("unit", "phase"),
+           help="How long each phase took the last time the unit passed through it.",
+           doc="the last time through each phase",
+           read=per_record(lambda record: (((p,), record.last_phase_durations[p]) for p in STARTUP_ORDER
+                                           if p in record.last_phase_durations))),
+    Family("expected_phase_duration_seconds", "gauge", ("unit", "phase"),
+           help="How long each phase typically takes this unit (the median of its recent ready starts with the same "
+           "settings).",
+           doc="the typical duration from the unit's history",
+           read=per_record(lambda record: (((p,), span.typical) for p, span in record.expected.phases.items())
+                           if record.expected else ())),
+)
+FAMILIES: tuple[Family[Any], ...] = LIVE + HISTORY
+
+
+class SnapshotCollector(Collector):
+    """The families that change every sample interval: phases, verdicts, signals, samples, sources."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        return (family.render(snap) for family in LIVE)
+
+
 class HistoryCollector(Collector):
     """The families of finished phases and starts (a histogram is 21 lines per unit and phase: over half
     of the exposition), from the units' records alone."""
@@ -198,26 +396,5 @@ class HistoryCollector(Collector):
         self._records = records
 
     def collect(self) -> Iterator[Metric]:
-        startups = CounterMetricFamily(f"{NS}_startups_total", "Starts of the unit by how they ended.", labels=["unit", "outcome"])
-        failures = CounterMetricFamily(f"{NS}_failures_total", "Failures of the unit by the phase they happened in and why.", labels=["unit", "phase", "reason"])
-        phase_hist = HistogramMetricFamily(f"{NS}_phase_duration_seconds", "How long each startup phase took, once per start.", labels=["unit", "phase"])
-        startup_hist = HistogramMetricFamily(f"{NS}_startup_duration_seconds", "How long starts took, to ready, failure or stop.", labels=["unit", "outcome"])
-        last_phase = _gauge("last_phase_duration_seconds", "How long each phase took the last time the unit passed through it.", ["unit", "phase"])
-        expected = _gauge("expected_phase_duration_seconds", "How long each phase typically takes this unit (the median of its recent ready starts with the same settings).", ["unit", "phase"])
-        for record in self._records():
-            unit = record.unit
-            for outcome in Outcome:
-                startups.add_metric([unit, outcome], record.startups.get(outcome, 0))
-            for (failed_phase, reason), n in sorted(record.failures.items()):
-                failures.add_metric([unit, failed_phase, reason], n)
-            for p in STARTUP_ORDER:
-                if hist := record.phase_durations.get(p):
-                    phase_hist.add_metric([unit, p], _buckets(hist), hist.total)
-                if p in record.last_phase_durations:
-                    last_phase.add_metric([unit, p], record.last_phase_durations[p])
-            for outcome, hist in sorted(record.startup_durations.items()):
-                startup_hist.add_metric([unit, outcome], _buckets(hist), hist.total)
-            if record.expected:
-                for p, span in record.expected.phases.items():
-                    expected.add_metric([unit, p], span.typical)
-        yield from (startups, failures, phase_hist, startup_hist, last_phase, expected)
+        records = self._records()
+        return (family.render(records) for family in HISTORY)
