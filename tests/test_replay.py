@@ -16,9 +16,9 @@ import pytest
 FORMATS = Path(__file__).parent / "formats"
 
 
-def replay(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+def replay(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "exporter", "replay", *args], input=stdin,
-                          capture_output=True, timeout=60)
+                          capture_output=True, timeout=60, env={**os.environ, **(env or {})})
 
 
 def documents(*args: str, stdin: bytes | None = None) -> list[dict]:
@@ -36,7 +36,7 @@ def journal_file(tmp_path_factory) -> Path:
 
 
 SCHEMA = {"unit", "engine", "engine_version", "model", "outcome", "last_phase", "failure_reason", "phases",
-          "values", "silent_gaps", "startup_seconds", "attempts"}
+          "values", "silent_gaps", "startup_seconds", "attempts", "from_start", "earlier_starts"}
 
 
 @pytest.mark.parametrize(
@@ -47,12 +47,13 @@ SCHEMA = {"unit", "engine", "engine_version", "model", "outcome", "last_phase", 
         pytest.param("vllm.short", "vllm.service", "failed", "capturing_graphs", "cuda_oom", id="journalctl -o short"),
         pytest.param("vllm.short-iso", "vllm.service", "failed", "capturing_graphs", "cuda_oom", id="-o short-iso"),
         pytest.param("vllm.short-precise", "vllm.service", "failed", "capturing_graphs", "cuda_oom", id="-o short-precise"),
-        pytest.param("vllm.docker", "vllm.service", "ready", "ready", None, id="docker logs -t"),
-        pytest.param("vllm.cri", "vllm.service", "ready", "ready", None, id="a CRI log file"),
-        pytest.param("vllm.docker-json", "vllm.service", "ready", "ready", None, id="a json-file log"),
-        pytest.param("vllm.log", "vllm.service", "failed", "capturing_graphs", "cuda_oom", id="vLLM's own output"),
-        pytest.param("sglang.log", "sglang.service", "ready", "ready", None, id="SGLang's own output"),
-        pytest.param("tgi.log", "tgi.service", "ready", "ready", None, id="TGI's own output"),
+        # a log that names no unit: the unit is the file
+        pytest.param("vllm.docker", "vllm.docker", "ready", "ready", None, id="docker logs -t"),
+        pytest.param("vllm.cri", "vllm.cri", "ready", "ready", None, id="a CRI log file"),
+        pytest.param("vllm.docker-json", "vllm.docker-json", "ready", "ready", None, id="a json-file log"),
+        pytest.param("vllm.log", "vllm.log", "failed", "capturing_graphs", "cuda_oom", id="vLLM's own output"),
+        pytest.param("sglang.log", "sglang.log", "ready", "ready", None, id="SGLang's own output"),
+        pytest.param("tgi.log", "tgi.log", "ready", "ready", None, id="TGI's own output"),
     ],
 )
 def test_every_format(sample, unit, outcome, last_phase, reason):
@@ -75,6 +76,34 @@ def test_stdin_and_the_unit_name_for_a_plain_log():
     assert doc["model"] == "meta-llama/Llama-3.1-70B-Instruct"
     assert [g["phase"] for g in doc["silent_gaps"]] == ["launching", "loading_weights", "capturing_graphs"]
     assert all(g["duration_seconds"] >= 60 for g in doc["silent_gaps"])
+
+
+RESTARTS = """\
+(APIServer pid=11) INFO 03-14 10:00:00 [api_server.py:1839] vLLM API server version 0.11.0
+(EngineCore_DP0 pid=12) INFO 03-14 10:00:05 [gpu_model_runner.py:2602] Starting to load model Qwen/Qwen3-8B...
+(EngineCore_DP0 pid=12) ERROR 03-14 10:00:40 [core.py:708] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.
+(APIServer pid=21) INFO 03-14 10:01:00 [api_server.py:1839] vLLM API server version 0.11.0
+(EngineCore_DP0 pid=22) INFO 03-14 10:01:05 [gpu_model_runner.py:2602] Starting to load model Qwen/Qwen3-8B...
+(EngineCore_DP0 pid=22) ERROR 03-14 10:01:50 [core.py:708] ValueError: To serve at least one request with the models's \
+max seq len (131072), (18.00 GiB KV cache is needed, which is larger than the available KV cache memory (6.00 GiB).
+(APIServer pid=31) INFO 03-14 10:02:00 [api_server.py:1839] vLLM API server version 0.11.0
+(EngineCore_DP0 pid=32) INFO 03-14 10:02:05 [gpu_model_runner.py:2602] Starting to load model Qwen/Qwen3-8B...
+(APIServer pid=31) INFO:     Application startup complete.
+"""
+
+
+def test_a_log_of_several_starts_says_how_each_earlier_one_ended(tmp_path):
+    log = tmp_path / "restarts.log"
+    log.write_text(RESTARTS)
+    text = replay(str(log), "--year", "2026", env={"TZ": "UTC"}).stdout.decode().splitlines()
+    assert text[:3] == [
+        "restarts.log (vllm, 0.11.0, Qwen/Qwen3-8B): ready after 5.0s  [start 3 of 3 in this log]",
+        "  start 1 of 3 at 10:00:00: failed (cuda_oom) in downloading after 1m00s",
+        "  start 2 of 3 at 10:01:00: failed (bad_config) in allocating_kv_cache after 1m00s",
+    ]
+    [doc] = documents(str(log), "--year", "2026")
+    assert [(e["outcome"], e["failure_reason"], e["last_phase"]) for e in doc["earlier_starts"]] == [
+        ("failed", "cuda_oom", "downloading"), ("failed", "bad_config", "allocating_kv_cache")]
 
 
 def test_a_log_without_times_still_gives_the_phases():
@@ -132,7 +161,7 @@ def test_text_output(journal_file):
     done = replay(str(FORMATS / "vllm.log"))
     text = done.stdout.decode()
     assert done.returncode == 0
-    assert text.splitlines()[0].startswith("vllm.service (vllm, 0.10.2, meta-llama/Llama-3.1-70B-Instruct): failed (cuda_oom)")
+    assert text.splitlines()[0].startswith("vllm.log (vllm, 0.10.2, meta-llama/Llama-3.1-70B-Instruct): failed (cuda_oom)")
     assert "silent 3m36s in loading_weights" in text
     assert "  loading_weights" in text
 
@@ -435,7 +464,7 @@ DOCKER_ID = "4f5e" * 16
         pytest.param(f"llm_vllm-0_{UID}/vllm/0.log", "vllm.cri", "llm/vllm-0/vllm", id="kubelet's pod log"),
         pytest.param(f"llm_vllm-0_{UID}/vllm/0.log.20261129-120105.gz", "vllm.cri", "llm/vllm-0/vllm", id="rotated, compressed"),
         pytest.param(f"{DOCKER_ID}/{DOCKER_ID}-json.log.1", "vllm.docker-json", DOCKER_ID[:12], id="Docker's, rotated"),
-        pytest.param("copied.log.gz", "vllm.docker", "copied.service", id="any text, compressed"),
+        pytest.param("copied.log.gz", "vllm.docker", "copied.log", id="any text, compressed: the unit is the file"),
     ],
 )
 def test_a_container_log_where_the_runtime_keeps_it(tmp_path, path, fixture, unit):

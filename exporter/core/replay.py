@@ -24,7 +24,7 @@ from exporter.core.model import (
     Phase,
     UnitState,
 )
-from exporter.core.report import duration, gaps, size, timeline
+from exporter.core.report import duration, gaps, iso, size, timeline
 from exporter.core.entries import container_name, to_observations
 from exporter.core.formats import COMMAND
 from exporter.core.tracker import advance
@@ -78,6 +78,7 @@ class Replayed:
     attempts: int
     timed: bool  # False when the log carried no time at all: durations are meaningless
     from_start: bool = True  # False: the log begins after the start did (an excerpt, a cut journal)
+    earlier: tuple[Attempt, ...] = ()  # the starts before the last, each as it ended
 
 
 def choose_engine(records: Iterable[str], candidates: Iterable[Grammar], names: Iterable[str] = ()) -> tuple[str, int]:
@@ -123,6 +124,7 @@ class _Unit:
         self.names: set[str] = set()  # what the log calls the unit's process: syslog identifiers
         self.state = UnitState(unit, engine or "")
         self.attempts = 0
+        self.earlier: list[Attempt] = []  # the starts before the current one, each as it ended
         self.from_start: bool | None = None  # for the current attempt, once its first marker is seen
         self.pid1 = False  # PID 1 spoke of it: its name is systemd's
 
@@ -266,6 +268,8 @@ class Replay:
         if unit.state.attempt is not before and (before is None or unit.state.attempt.started != before.started):
             unit.attempts += 1
             unit.from_start = None
+            if before is not None and unit.state.previous is not None:
+                unit.earlier.append(unit.state.previous)
         if unit.from_start is None:  # the attempt's first marker says whether the log holds its start
             if isinstance(obs, Lifecycle):
                 unit.from_start = obs.event is Event.STARTED
@@ -293,7 +297,7 @@ class Replay:
             if unit.state.attempt is None or not (asked or unit.score or named or unit.state.phase_durations):
                 continue
             out.append(Replayed(unit.unit, unit.engine or "generic", unit.state, unit.attempts, self.timed,
-                                unit.from_start is not False))
+                                unit.from_start is not False, tuple(unit.earlier)))
         return out
 
 
@@ -314,6 +318,17 @@ def outcome(attempt: Attempt) -> str:
     return str(Outcome.FAILED) if attempt.reason is not None and not attempt.outlived else "incomplete"
 
 
+def _ending(attempt: Attempt, end: float, timed: bool) -> dict[str, Any]:
+    """How a start ended (or where the log leaves it), and how long it took."""
+    said = outcome(attempt)
+    return {
+        "outcome": said,
+        "last_phase": str(attempt.last_startup_phase or attempt.phase),
+        "failure_reason": str(attempt.reason) if attempt.reason and said == "failed" else None,
+        "startup_seconds": round(attempt.startup_end(end) - attempt.started, 3) if timed else None,
+    }
+
+
 def document(result: Replayed) -> dict[str, Any]:
     state, attempt = result.state, result.state.attempt
     assert attempt is not None
@@ -328,30 +343,41 @@ def document(result: Replayed) -> dict[str, Any]:
         "engine": result.engine,
         "engine_version": state.info.get("engine_version"),
         "model": state.info.get("model"),
-        "outcome": outcome(attempt),
-        "last_phase": str(attempt.last_startup_phase or attempt.phase),
-        "failure_reason": str(attempt.reason) if attempt.reason and outcome(attempt) == "failed" else None,
-        "startup_seconds": round(attempt.startup_end(end) - attempt.started, 3) if result.timed else None,
+        **_ending(attempt, end, result.timed),
         "attempts": result.attempts,
         "from_start": result.from_start,
+        "earlier_starts": [
+            {"start": iso(a.started) if result.timed else None,
+             **_ending(a, a.ended if a.ended is not None else a.phase_since, result.timed)}
+            for a in result.earlier
+        ],
         "phases": phases,
         "values": dict(state.values),
         "silent_gaps": gaps(attempt, None) if result.timed else [],
     }
 
 
+def _said(ending: dict[str, Any]) -> str:
+    """`failed (bad_config) in allocating_kv_cache after 42s`, `ready after 3m10s`, `incomplete: the log ends in …`"""
+    said = ending["outcome"]
+    if ending["failure_reason"]:
+        said += f" ({ending['failure_reason']}) in {ending['last_phase']}"
+    elif said == "incomplete":
+        said += f": the log ends in {ending['last_phase']}"
+    return said + (f" after {duration(ending['startup_seconds'])}" if ending["startup_seconds"] is not None else "")
+
+
 def text(result: Replayed) -> Iterator[str]:
     doc = document(result)
     about = ", ".join(x for x in (doc["engine"], doc["engine_version"], doc["model"]) if x)
-    verdict = doc["outcome"]
-    if doc["failure_reason"]:
-        verdict += f" ({doc['failure_reason']}) in {doc['last_phase']}"
-    elif verdict == "incomplete":
-        verdict += f": the log ends in {doc['last_phase']}"
-    took = f" after {duration(doc['startup_seconds'])}" if doc["startup_seconds"] is not None else ""
     tries = f"  [start {doc['attempts']} of {doc['attempts']} in this log]" if doc["attempts"] > 1 else ""
     begins = "" if doc["from_start"] else "  [the log begins mid-start: a start already under way]"
-    yield f"{doc['unit']} ({about}): {verdict}{took}{tries}{begins}"
+    yield f"{doc['unit']} ({about}): {_said(doc)}{tries}{begins}"
+    # the starts before the last: why each ended (a log of a restart loop says it here)
+    first = doc["attempts"] - len(doc["earlier_starts"])
+    for number, earlier in enumerate(doc["earlier_starts"], first):
+        at = f" at {earlier['start'][11:19]}" if earlier["start"] else ""
+        yield f"  start {number} of {doc['attempts']}{at}: {_said(earlier)}"
     for span in doc["phases"]:
         start = (span["start"] or "")[11:23]
         took = duration(span["duration_seconds"]) if span["duration_seconds"] is not None else ""

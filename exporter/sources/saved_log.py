@@ -115,8 +115,7 @@ def entries(
 
 def _unit_name(source: str) -> str:
     """A container runtime's log file names its container in its path (a pod's, or a Docker container's id);
-    a plain engine log names no unit: call it after the file, as a unit name."""
-    if source != "-" and (unit := log_unit(os.path.abspath(source))):
-        return unit
-    stem = "stdin" if source == "-" else os.path.basename(source).split(".")[0] or "log"
-    return f"{stem}.service"
+    a plain engine log names no unit: it is the file (`vllm.log`, also when it is `vllm.log.gz`), or `stdin`."""
+    if source == "-":
+        return "stdin"
+    return log_unit(os.path.abspath(source)) or os.path.basename(source).removesuffix(".gz")
