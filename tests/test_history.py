@@ -36,7 +36,7 @@ def test_old_starts_are_pruned(tmp_path):
     for n in range(205):
         history.record(record(started=float(n), loading_weights=1.0))
     kept = history.recent("vllm.service", limit=1000)
-    assert [r.started for r in kept] == [float(n) for n in range(204, 4, -1)], "the README: the newest 200 starts"
+    assert [r.started for r in kept] == [float(n) for n in range(204, 4, -1)], "docs/operations.md: the newest 200 starts"
 
 
 def test_migration_from_the_first_schema(tmp_path):

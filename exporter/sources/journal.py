@@ -28,7 +28,7 @@ class JournalPlace:
 
     def open(self) -> journal.Reader:
         # Imported here: the agent's own process names the place and never reads it (its reader child does),
-        # and systemd-python is 3 MiB of a process's memory (README, Performance).
+        # and systemd-python is 3 MiB of a process's memory (docs/performance.md).
         from systemd import journal
 
         if self.directory is not None:
