@@ -58,6 +58,30 @@ def _demo(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
     return demo, port, out
 
 
+def _intro(demo: subprocess.Popen, out: Path) -> tuple[str, str]:
+    """The demo's unit and journald namespace, as its first line names them."""
+    intro = wait_for(lambda: INTRO.search(out.read_text()) or demo.poll() is not None, 60, "the demo's first line")
+    assert demo.poll() is None, out.read_text()
+    return intro.group(1), intro.group(2)
+
+
+def _started(port: int, unit: str) -> None:
+    wait_for(lambda: Scrape(fetch(port)).one_of("unit_phase", unit, "phase") not in (None, "inactive"), 60,
+             f"{unit} to start under its demo's agent")
+
+
+def _end(demo: subprocess.Popen) -> None:
+    """A demo a failed test leaves running: SIGTERM, so that it stops its journald and unit (SIGKILL would
+    leave them to the host), then SIGKILL."""
+    if demo.poll() is None:
+        demo.terminate()
+        try:
+            demo.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            demo.wait()
+
+
 def _nothing_left(unit: str, namespace: str) -> None:
     cgroup = sandbox.cgroup2_root() / sandbox.SLICE / unit
     runtime = sandbox.RUN_SYSTEMD / f"journal.{namespace}"
@@ -76,9 +100,7 @@ def test_the_demo_shows_its_own_start_and_stops(stop, beside, request, tmp_path)
     other = request.getfixturevalue("model_server_beside") if beside else None
     demo, port, out = _demo(tmp_path)
     try:
-        intro = wait_for(lambda: INTRO.search(out.read_text()) or demo.poll() is not None, 60, "the demo's first line")
-        assert demo.poll() is None, out.read_text()
-        unit, namespace = intro.groups()
+        unit, namespace = _intro(demo, out)
         if stop is signal.SIGINT:  # the whole startup, about a minute: silent compile, CUDA-graph bar, ready
             wait_for(lambda: "ready; the phases took:" in out.read_text() or demo.poll() is not None, 180,
                      "the demo unit to reach ready")
@@ -99,9 +121,7 @@ def test_the_demo_shows_its_own_start_and_stops(stop, beside, request, tmp_path)
         demo.send_signal(stop)
         assert demo.wait(timeout=30) == 0, out.read_text()
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        _end(demo)
     text = out.read_text()
     assert "demo: stopping" in text and "Traceback" not in text and "WARNING" not in text, text
     _nothing_left(unit, namespace)
@@ -111,20 +131,14 @@ def test_two_demos_at_once_each_show_their_own_start(tmp_path):
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     demos = [_demo(tmp_path / "a"), _demo(tmp_path / "b")]
     try:
-        intros = [wait_for(lambda: INTRO.search(out.read_text()) or demo.poll() is not None, 60, "the demo's first line")
-                  for demo, _, out in demos]
-        assert all(demo.poll() is None for demo, _, _ in demos), [out.read_text() for _, _, out in demos]
-        names = [intro.groups() for intro in intros]
+        names = [_intro(demo, out) for demo, _, out in demos]
         assert len({unit for unit, _ in names}) == len({ns for _, ns in names}) == 2, names
         for (demo, port, _), (unit, _) in zip(demos, names):
-            wait_for(lambda: Scrape(fetch(port)).one_of("unit_phase", unit, "phase") not in (None, "inactive"), 60,
-                     f"{unit} to start under its demo's agent")
+            _started(port, unit)
             demo.send_signal(signal.SIGTERM)
         assert [demo.wait(timeout=30) for demo, _, _ in demos] == [0, 0]
     finally:
         for demo, _, _ in demos:
-            if demo.poll() is None:
-                demo.kill()
-                demo.wait()
+            _end(demo)
     for unit, namespace in names:
         _nothing_left(unit, namespace)
