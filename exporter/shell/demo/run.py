@@ -30,7 +30,7 @@ NAMESPACE = "llmstartup-demo"
 UNIT = "llmstartup-demo-vllm.service"
 
 
-def names() -> tuple[str, str]:
+def _names() -> tuple[str, str]:
     """The demo's journald namespace and unit: the plain names, or with this process's id in them while
     another demo holds those, so that two demos on one host each show their own start."""
     if sandbox.namespace_running(NAMESPACE) or sandbox.unit_running(UNIT):
@@ -38,7 +38,7 @@ def names() -> tuple[str, str]:
     return NAMESPACE, UNIT
 
 
-def model_servers() -> dict[str, str]:
+def _model_servers() -> dict[str, str]:
     """The host's model-server units (unit → engine), found as `serve` discovers them: by their processes'
     command lines."""
     root = find_cgroup2_root()
@@ -58,8 +58,8 @@ def run_demo(listen: tuple[str, int]) -> int:
     except RuntimeError as error:
         logger.error("the demo cannot run here: %s", error)
         return 1
-    others = model_servers()
-    namespace, unit_name = names()
+    others = _model_servers()
+    namespace, unit_name = _names()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with sandbox.Journald(namespace) as journald:
