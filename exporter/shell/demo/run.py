@@ -7,12 +7,14 @@ own journald namespace, never the host's units or containers (watching those is 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TextIO
 
 from exporter.core import grammar, progress
@@ -28,14 +30,23 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE = "llmstartup-demo"
 UNIT = "llmstartup-demo-vllm.service"
+LOCK = sandbox.RUN_SYSTEMD.parent / "llmstartup-demo.lock"
 
 
-def _names() -> tuple[str, str]:
-    """The demo's journald namespace and unit: the plain names, or with this process's id in them while
-    another demo holds those, so that two demos on one host each show their own start."""
-    if sandbox.namespace_running(NAMESPACE) or sandbox.unit_running(UNIT):
-        return f"{NAMESPACE}-{os.getpid()}", f"{UNIT.removesuffix('.service')}-{os.getpid()}.service"
-    return NAMESPACE, UNIT
+@contextlib.contextmanager
+def _names() -> Iterator[tuple[str, str]]:
+    """The demo's journald namespace and unit, for as long as it runs: the plain names, or with this process's
+    id in them while another demo holds those, so that two demos on one host each show their own start. The
+    plain names are held by a lock on LOCK, which two demos starting at once cannot both take and a demo that
+    was killed lets go of; free, they may still be in use by what such a demo left running."""
+    with open(LOCK, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free = not (sandbox.namespace_running(NAMESPACE) or sandbox.unit_running(UNIT))
+        except BlockingIOError:
+            free = False
+        pid = os.getpid()
+        yield (NAMESPACE, UNIT) if free else (f"{NAMESPACE}-{pid}", f"{UNIT.removesuffix('.service')}-{pid}.service")
 
 
 def _model_servers() -> dict[str, str]:
@@ -59,10 +70,9 @@ def run_demo(listen: tuple[str, int]) -> int:
         logger.error("the demo cannot run here: %s", error)
         return 1
     others = _model_servers()
-    namespace, unit_name = _names()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with sandbox.Journald(namespace) as journald:
+    with _names() as (namespace, unit_name), sandbox.Journald(namespace) as journald:
         # Thresholds scaled to the demo's minute-long startup, so the silent compile shows as such; its one
         # unit named, in its own namespace, and no containers: the agent follows nothing else.
         config = Config(units=((unit_name, "vllm"),), namespace=journald.namespace, listen=listen,
