@@ -88,7 +88,7 @@ def run_demo(listen: tuple[str, int]) -> int:
               f" metrics on http://{listen[0]}:{listen[1]}/metrics; Ctrl-C stops it all", flush=True)
         if others:
             print(f"demo: this host also runs model servers ({', '.join(f'{u} ({e})' for u, e in others.items())}):"
-                  " the demo shows only its own; `llmstartup status` follows them", flush=True)
+                  " the demo shows only its own; `llmstartup serve`, `status` and `wait` follow those", flush=True)
         gpu = runtime.gpu
         try:
             _show(unit_name, lambda: runtime.agent.snapshot, stop, sys.stdout,
