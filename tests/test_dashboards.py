@@ -19,15 +19,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.core.grammar import VALUES
 from exporter.core.model import Phase, Signal, Verdict
+from exporter.shell import collector
 from tests.needs import missing, module
 
 module("grafana_foundation_sdk", "grafana-foundation-sdk (the test extra)")
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
-COLLECTOR = ROOT / "exporter" / "shell" / "collector.py"
 
 
 def _load():
@@ -156,16 +155,12 @@ def test_every_phase_and_verdict_has_a_colour(name: str) -> None:
 
 
 def exported_metrics() -> set[str]:
-    """The metric names exporter/shell/collector.py renders (histograms with their series suffixes)."""
-    source = COLLECTOR.read_text()
-    names = set(re.findall(r'_gauge\(\s*"(\w+)"', source)) | set(re.findall(r'f"\{NS\}_(\w+)"', source))
-    names |= set(VALUES)
-    names |= {
-        f"{h}{s}"
-        for h in ("phase_duration_seconds", "startup_duration_seconds")
-        for s in ("_bucket", "_count", "_sum")
-    }
-    return {f"llmstartup_{n}" for n in names}
+    """The metric names the collector's families render (histograms with their series suffixes)."""
+    names = set()
+    for family in (*collector.LIVE, *collector.HISTORY):
+        suffixes = ("_bucket", "_count", "_sum") if family.type == "histogram" else ("",)
+        names |= {f"llmstartup_{family.name}{suffix}" for suffix in suffixes}
+    return names
 
 
 def test_queries_name_only_exported_metrics() -> None:
