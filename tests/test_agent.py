@@ -14,6 +14,7 @@ from exporter.core.containers import Container
 from exporter.core.model import (
     Frame,
     Gpu,
+    Group,
     LogLine,
     Phase,
     ProcessSample,
@@ -476,3 +477,26 @@ def test_a_silent_unit_that_is_not_stalled_has_no_stuck_frame_series() -> None:
 def test_the_stacks_source_is_published_only_when_stacks_are_on() -> None:
     a, _ = agent(CONFIG)
     assert "stacks" not in a.tick().sources
+
+
+def test_a_starts_command_lines_are_read_once_and_say_its_group() -> None:
+    """A start over several hosts names its group on its command line; the agent reads it once per start, even
+    from a rank that never prints a line."""
+    processes = FakeProcesses("/opt/vllm/bin/vllm serve zai-org/GLM-5-FP8 --nnodes 2 --node-rank 1 "
+                              "--master-addr 10.0.0.1 --master-port 29501 --headless")
+    reads = []
+    cmdlines = processes.cmdlines
+    processes.cmdlines = lambda unit: reads.append(unit) or cmdlines(unit)  # type: ignore[method-assign]
+    a, clock = agent(processes=processes)
+    a.journal.ready_units = frozenset({U})
+    for _ in range(3):
+        snapshot = a.tick()
+        clock.t += 1
+    assert view(snapshot).state.attempt.group == Group("10.0.0.1:29501", 2, 1)
+    assert reads == [U]
+    processes.pids = frozenset()  # the start ends; the next one, under new processes, is read again
+    for pids in (frozenset(), frozenset(), frozenset({(43, clock.t)})):
+        processes.pids = pids
+        a.tick()
+        clock.t += 1
+    assert reads == [U, U]

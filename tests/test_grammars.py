@@ -3,7 +3,8 @@
 Fixtures live in tests/grammars/<engine>/<family>.log, one directory per grammar in grammar.ENGINES. Each
 fixture line is `EXPECTATION | RAW LINE`. EXPECTATION is `-` (no rule matches) or space-separated
 `key=value` items: `phase=`, `reason=`, `fatal=true`, `heartbeat=true`, `begins=true`, `retry=true`, `stops=true`,
-`model=`, `engine_version=` and engine values named as in grammar.VALUES, in base units
+`model=`, `engine_version=`, the fields of a start that spans hosts named as in exporter.core.groups.FIELDS
+(`group_address=10.0.0.1:29501`, `nnodes=2`: as the line writes them) and engine values named as in grammar.VALUES, in base units
 (`model_weights_bytes=8066163330.2528`); a progress record's report as `progress=DONE/TOTAL` (a fraction is
 `progress=0.52/1`), `item=` (what it counts) and `remaining=` (the seconds the engine says are left), each
 absent when the report has none. One item
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from exporter.core import grammar
-from exporter.core.grammar import INFO, VALUES, Grammar, GrammarError
+from exporter.core.grammar import GROUP, INFO, VALUES, Grammar, GrammarError
 from exporter.core.lines import clean_records
 from exporter.core.model import STARTUP_ORDER, Phase, Reason
 
@@ -53,6 +54,7 @@ class Expected:
     info: dict[str, str] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
     progress: grammar.Report | None = None
+    group: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def _expectation(text: str, where: str) -> Expected | None:
         key, sep, value = item.partition("=")
         if not sep or not value or key in seen:
             raise ValueError(f"{where}: bad or repeated item {item!r}")
-        if key not in {"phase", "reason", *FLAGS, *PROGRESS} | INFO | set(VALUES):
+        if key not in {"phase", "reason", *FLAGS, *PROGRESS} | INFO | GROUP | set(VALUES):
             raise ValueError(f"{where}: unknown key {key!r}")
         seen[key] = value
     for flag in FLAGS:
@@ -101,6 +103,7 @@ def _expectation(text: str, where: str) -> Expected | None:
         info={k: v for k, v in seen.items() if k in INFO},
         values={k: float(v) for k, v in seen.items() if k in VALUES},
         progress=report,
+        group={k: v for k, v in seen.items() if k in GROUP},
     )
 
 
@@ -155,6 +158,7 @@ def test_line(case: Case) -> None:
     assert set(found.values) == set(expected.values)
     assert dict(found.values) == pytest.approx(expected.values)
     assert found.progress == expected.progress
+    assert dict(found.group) == expected.group
 
 
 def _winner(rules: Grammar, record: str) -> int | None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
+from exporter.core.groups import FIELDS as GROUP
 from exporter.core.model import STARTUP_ORDER, Phase, Reason, frozen_map
 from exporter.core.screen import Screen
 
@@ -117,6 +118,7 @@ class Match:
     begins: bool = False
     retry: bool = False
     stops: bool = False
+    group: Mapping[str, str] = field(default_factory=frozen_map)  # the hosts the start spans (exporter.core.groups)
 
     @property
     def moves_on(self) -> bool:
@@ -234,7 +236,7 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
         name, _, unit = group.partition("__")
         if name in PROGRESS and unit in PROGRESS[name]:
             progress[name] = unit
-        elif group not in INFO and (name not in VALUES or unit not in SCALES):
+        elif group not in INFO and group not in GROUP and (name not in VALUES or unit not in SCALES):
             raise ValueError(f"{label}: group {group!r} is no known value")
     if progress and "progress_done" not in progress:
         raise ValueError(f"{label}: progress groups without progress_done")
@@ -307,6 +309,21 @@ def _says_more_than_info(rule: Rule) -> bool:
 ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "ollama", "triton", "generic")
 
 
+@functools.cache
+def launch_flags() -> tuple[re.Pattern[str], ...]:
+    """The command-line flags that say a start spans hosts (exporter/grammars/launch.toml), each reading
+    the fields of exporter.core.groups by its named groups; a GrammarError names a bad one."""
+    text = resources.files("exporter.grammars").joinpath("launch.toml").read_text("utf-8")
+    try:
+        flags = tuple(re.compile(p) for p in tomllib.loads(text)["flags"])
+    except (tomllib.TOMLDecodeError, re.error, KeyError) as error:
+        raise GrammarError(f"launch.toml: {error}") from error
+    for flag in flags:
+        if not flag.groupindex or not set(flag.groupindex) <= GROUP:
+            raise GrammarError(f"launch.toml: flag {flag.pattern!r} reads no field, or one not in {sorted(GROUP)}")
+    return flags
+
+
 def load_all() -> Mapping[str, Grammar]:
     """Every shipped grammar by engine, in ENGINES order: the one place the grammars are loaded from."""
     return frozen_map({engine: load(engine) for engine in ENGINES})
@@ -334,7 +351,7 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
                 return None
             if (fixed := grammar.fixed_matches[index]) is not None:
                 return fixed
-            info, values, progress = {}, {}, {}
+            info, values, progress, hosts = {}, {}, {}, {}
             for group, raw in found.groupdict().items():
                 if raw is None:
                     continue
@@ -342,13 +359,16 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
                     if rule.reads_info:
                         info[group] = raw
                     continue
+                if group in GROUP:
+                    hosts[group] = raw
+                    continue
                 name, _, unit = group.partition("__")
                 value = _progress_part(raw, unit) if name in PROGRESS else float(raw.replace(",", "")) * SCALES[unit]
                 if math.isfinite(value):  # 400 digits of "max model len" is no value at all
                     (progress if name in PROGRESS else values)[name] = value
             return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info),
                          frozen_map(values), _report(progress, rule), rule.where, rule.begins, rule.retry,
-                         rule.stops)
+                         rule.stops, frozen_map(hosts))
     return None
 
 

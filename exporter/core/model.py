@@ -165,6 +165,16 @@ class ProcessSample:
 
 
 @dataclass(frozen=True, slots=True)
+class Launched:
+    """What the command lines of a start's processes say of the hosts it spans (exporter.core.groups reads
+    them), once per start: a rank that never gets as far as its first line still names its group there."""
+
+    t: float
+    unit: str
+    group: Group
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     """GPU memory of the unit's processes per GPU index; None where NVML could not say."""
 
@@ -240,7 +250,7 @@ class StackSample:
     processes: tuple[ProcessStack, ...]
 
 
-Observation = LogLine | Lifecycle | ProcessSample | GpuSample | Fault | Resumed | Suppressed | StackSample
+Observation = LogLine | Lifecycle | ProcessSample | GpuSample | Fault | Resumed | Suppressed | StackSample | Launched
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +291,37 @@ class Histogram:
     def observe(self, value: float) -> Histogram:
         counts = tuple(c + (value <= b) for c, b in zip(self.counts, self.bounds))
         return Histogram(self.bounds, counts, self.count + 1, self.total + value)
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A start that spans hosts, as this host's part of it says (exporter.core.groups): where its hosts meet,
+    how many there are and which one this is. Every field is None until a command line or a line says it."""
+
+    address: str | None = None  # where the hosts meet, host[:port], spelled as every host's command line or line spells it
+    nnodes: int | None = None  # how many hosts the start spans
+    node_rank: int | None = None  # which of them this one is, from 0
+    world_size: int | None = None  # ranks in all, said beside local_world_size (vLLM's DP group leader)
+    local_world_size: int | None = None  # ranks on this host
+
+    @property
+    def hosts(self) -> int | None:
+        """How many hosts the start spans: as said, else its ranks over this host's."""
+        if self.nnodes is not None:
+            return self.nnodes
+        if self.world_size and self.local_world_size and self.world_size % self.local_world_size == 0:
+            return self.world_size // self.local_world_size
+        return None
+
+    @property
+    def spans_hosts(self) -> bool:
+        """Whether this is one host's part of a start on several: its meeting place known, and more than one host."""
+        return self.address is not None and (self.hosts or 0) > 1
+
+    def filled(self, more: Group) -> Group:
+        """This group with the fields it lacks taken from `more`: what was said first stays."""
+        mine = {f.name: getattr(self, f.name) for f in fields(self)}
+        return Group(**{name: getattr(more, name) if value is None else value for name, value in mine.items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +375,7 @@ class Attempt:
     # The phase was entered from the engine's order and the start's silence, not from a line (a \r bar reaches
     # the journal only when it ends): the phase it left and since when, to go back to when a line says otherwise.
     inferred_from: tuple[Phase, float] | None = None
+    group: Group | None = None  # the hosts this start spans, once a command line or a line says so
 
     def at(self, phase: Phase, t: float) -> Attempt:
         """This attempt in `phase` from `t` on, with its timeline extended."""

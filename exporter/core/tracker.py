@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from exporter.core import grammar as grammars
-from exporter.core import progress
+from exporter.core import groups, progress
 from exporter.core.grammar import Grammar
 from exporter.core.model import (
     REASON_DETAIL,
@@ -20,7 +20,9 @@ from exporter.core.model import (
     Event,
     Fault,
     GpuSample,
+    Group,
     Histogram,
+    Launched,
     Lifecycle,
     Limits,
     LogLine,
@@ -224,6 +226,8 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
             info=frozen_map({**state.info, **found.info}),
             values=frozen_map({**state.values, **found.values}),
         )
+    if found.group and (live := _live(state)):  # what the command line said first stays (_launched)
+        state = evolve(state, attempt=evolve(live, group=(live.group or Group()).filled(groups.read(found.group))))
     # The phase first: a failure marker that says where it happened (vLLM's KV-cache check, a
     # traceback's frame) moves the start there before the failure is remembered in it; a failure
     # marker's phase does not override one a failure's report already located.
@@ -467,7 +471,19 @@ def advance(state: UnitState, obs: Observation, grammar: Grammar, limits: Limits
         return _gpu(state, obs, limits)
     if isinstance(obs, StackSample):
         return _stacks(state, obs, limits)
+    if isinstance(obs, Launched):
+        return _launched(state, obs)
     raise TypeError(f"advance: a {type(obs).__name__} is no observation")
+
+
+def _launched(state: UnitState, launched: Launched) -> UnitState:
+    """The group the start's command lines say. They are read once, as the start began, and every host of a
+    start runs the same flags: they override what the engine's lines said, so that a host that got further
+    names its group as one that never printed a line does."""
+    live = _live(state)
+    if live is None:
+        return state
+    return evolve(state, attempt=evolve(live, group=launched.group.filled(live.group or Group())))
 
 
 def _resumed(state: UnitState, resumed: Resumed) -> UnitState:

@@ -9,12 +9,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Protocol
 
-from exporter.core import checkpoint, expectations, grammar, stuck, xids
+from exporter.core import checkpoint, expectations, grammar, groups, stuck, xids
 from exporter.core.checkpoint import Checkpoint
 from exporter.core.config import Config
 from exporter.core.containers import Container
 from exporter.core.model import (
     GpuSample,
+    Group,
+    Launched,
     Observation,
     ProcessSample,
     Resumed,
@@ -111,6 +113,8 @@ class Agent:
         self._looked_at: set[str] = set()  # containers (ids) whose command lines were read
         self._clock, self._wall = clock, wall
         self.grammars = grammar.load_all()
+        self.launch_flags = grammar.launch_flags()
+        self._launches: dict[str, float] = {}  # unit → the start whose command lines were read
         self.names = EngineNames(config.units, self.grammars)
         self.states: dict[str, UnitState] = {}
         self.processes_status = SourceStatus("processes", logger, wall)
@@ -178,6 +182,9 @@ class Agent:
         for obs in observations:
             before = self.states.get(obs.unit) or UnitState(obs.unit, self.names.engine(obs.unit))
             self.states[obs.unit] = advance(before, obs, self.grammars[self.names.engine(obs.unit)], self.limits)
+        # 7. A start's command lines, once, as it begins: the hosts it spans, which a rank that never prints a
+        #    line still says there.
+        self._read_launches(units, t)
         self._caught_up = caught_up
         if self.recorder:
             self.recorder.remember(self.states.values(), offset, self.journal.drained_cursor, caught_up)
@@ -295,6 +302,18 @@ class Agent:
             return {}
         self.processes_status.ok()
         return samples
+
+    def _read_launches(self, units: Iterable[str], t: float) -> None:
+        for unit in units:
+            state = self.states.get(unit)
+            live = state.attempt if state and state.attempt and state.attempt.ended is None else None
+            if live is None or self._launches.get(unit) == live.started or not (state.last_process and state.last_process.ids):
+                continue
+            self._launches[unit] = live.started
+            group = groups.launched(self.launch_flags, self.processes.cmdlines(unit))
+            if group != Group():
+                self.states[unit] = advance(state, Launched(t, unit, group), self.grammars[self.names.engine(unit)],
+                                            self.limits)
 
     def _gpu_samples(
         self, reading: GpuReading, samples: Mapping[str, ProcessSample], caught_up: frozenset[str]
