@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.core.model import Expectation, Outcome, Phase, Snapshot, Span, frozen_map
+from exporter.core.model import Expectation, Group, Outcome, Phase, Snapshot, Span, frozen_map
 from exporter.shell.exposition import Exposition
 from tests.test_golden import SNAPSHOT
 
@@ -92,3 +93,36 @@ def test_what_changes_shows() -> None:
     assert f"{count} 2.0" in (body := exposition().decode()) and gpu in body
     current = _gpus_stale(current)
     assert f"{count} 2.0" in (body := exposition().decode()) and gpu not in body
+
+
+KIMI = 5  # vllm-kimi.service: the second host of a start over two, stalled in capturing_graphs
+
+
+def _group_series(snap: Snapshot) -> list[dict[str, str]]:
+    text = Exposition(lambda: snap, process=False)().decode()
+    return [s.labels for f in text_string_to_metric_families(text) if f.name == "llmstartup_unit_group_info"
+            for s in f.samples]
+
+
+def _attempt(**changes: object) -> Change:
+    return lambda snap: _unit(KIMI, attempt=replace(snap.units[KIMI].state.attempt, **changes))(snap)
+
+
+@pytest.mark.parametrize(
+    ("change", "want"),
+    [
+        pytest.param(lambda snap: snap, [{"unit": "vllm-kimi.service", "group": "10.0.0.1:29501", "node_rank": "1",
+                                          "nnodes": "2"}], id="one host's part of a start over two"),
+        pytest.param(_attempt(group=Group("10.0.0.1:29501", world_size=16, local_world_size=8)),
+                     [{"unit": "vllm-kimi.service", "group": "10.0.0.1:29501", "node_rank": "", "nnodes": "2"}],
+                     id="hosts from its ranks, node rank not said"),
+        pytest.param(_attempt(group=Group("127.0.0.1:41227")), [], id="a rendezvous on one host: alone"),
+        pytest.param(_attempt(group=None), [], id="nothing said"),
+        pytest.param(_attempt(phase=Phase.FAILED, ended=900.0),
+                     [{"unit": "vllm-kimi.service", "group": "10.0.0.1:29501", "node_rank": "1", "nnodes": "2"}],
+                     id="failed: still the member that holds its group back"),
+        pytest.param(_attempt(phase=Phase.INACTIVE, ended=900.0), [], id="stopped: it left its group"),
+    ],
+)
+def test_group_info(change: Change, want: list[dict[str, str]]) -> None:
+    assert _group_series(change(SNAPSHOT)) == want

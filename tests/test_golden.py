@@ -8,8 +8,8 @@ again and commit them with it:
 
 The snapshot is built by hand, not folded from observations, so that only the renderers are under
 test: six units (silent in a compile with a failed start before it, loading shards with its progress,
-failed, ready, never started, and a rank spinning in a hung collective, stalled and located by its
-stacks), two GPUs, an Xid, a source down and a restarted journal reader; every metric family has a series.
+failed, ready, never started, and the second host of a start over two, its ranks spinning in a hung collective,
+stalled and located by its stacks), two GPUs, an Xid, a source down and a restarted journal reader; every metric family has a series.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from exporter.core.model import (
     Frame,
     Gpu,
     GpuSample,
+    Group,
     Histogram,
     Outcome,
     Phase,
@@ -165,10 +166,12 @@ def _loading() -> UnitView:
 
 
 def _spinning() -> UnitView:
-    """Eight ranks spinning in synchronize() since 700, the last line: stalled, located by their stacks."""
+    """The second host of a start over two: eight ranks spinning in synchronize() since 700, the last line: stalled,
+    located by their stacks."""
     unit = "vllm-kimi.service"
     attempt = Attempt(started=500.0, phase=Phase.CAPTURING_GRAPHS, phase_since=700.0,
-                      spans=((Phase.LAUNCHING, 500.0), (Phase.CAPTURING_GRAPHS, 700.0)))
+                      spans=((Phase.LAUNCHING, 500.0), (Phase.CAPTURING_GRAPHS, 700.0)),
+                      group=Group("10.0.0.1:29501", nnodes=2, node_rank=1))
     ranks = frozenset((7000 + n, 500.0) for n in range(9))
     state = UnitState(
         unit, "vllm", frozen_map({"engine_version": "0.11.0", "model": "moonshotai/Kimi-K2-Instruct"}),

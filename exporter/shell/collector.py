@@ -179,6 +179,12 @@ def _expected_ready(view: UnitView, snap: Snapshot) -> Iterator[Sample]:
         yield (), ready + snap.wall_offset
 
 
+def _group(view: UnitView, _: Snapshot) -> Iterator[Sample]:
+    attempt = view.state.attempt
+    if attempt and (group := attempt.group) and group.spans_hosts and (attempt.ended is None or attempt.phase is Phase.FAILED):
+        yield (group.address, "" if group.node_rank is None else str(group.node_rank), str(group.hosts)), 1
+
+
 def _stuck(view: UnitView, _: Snapshot) -> Iterator[Sample]:
     if view.verdict is Verdict.STALLED and (labels := frame_labels(view.stuck)):
         yield labels, 1
@@ -276,6 +282,13 @@ LIVE: tuple[Family[Snapshot], ...] = (
            "the phases ahead (history).",
            doc="when the start should be ready, from that and the unit's history",
            read=per_unit(_expected_ready)),
+    Family("unit_group_info", "gauge", ("unit", "group", "node_rank", "nnodes"),
+           help="The start that spans hosts the unit is one host's part of: its group (where the hosts meet, the "
+           "same on each), this host's node rank and how many hosts; no series for a start on one host.",
+           doc="1 while the unit's start is one host's part of a start over several (its command line's or its "
+           "lines' `--nnodes`, `--node-rank`, rendezvous address): `group` is where the hosts meet, the same on "
+           "every host; no series for a start on one host",
+           read=per_unit(_group)),
     Family("unit_stuck_frame_info", "gauge", ("unit", "function", "file"),
            help="Where a stalled unit is stuck: the innermost Python frame of its busiest process, or its kernel "
            "wait (file [kernel]); no series while it is not stalled.",
