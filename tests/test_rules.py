@@ -26,6 +26,7 @@ from tests.prometheus_stack import (
 ALERTS = {
     "LLMStartupStalled", "LLMStartupSilenceTooLong", "LLMStartupSlowerThanUsual", "LLMStartupFailed",
     "LLMStartupCrashLooping", "LLMStartupGpuXid", "LLMStartupAgentDown", "LLMStartupSourceDown",
+    "LLMStartupGroupHeldBack",
 }
 
 
@@ -86,7 +87,7 @@ def test_promtool_check_config_with_the_rules():
 
 def test_amtool_check_config():
     out = run(binary("amtool"), "check-config", str(ALERTMANAGER_CONFIG)).stdout
-    assert "SUCCESS" in out and "3 inhibit rules" in out
+    assert "SUCCESS" in out and "4 inhibit rules" in out
 
 
 def test_alertmanager_routes_by_severity():
@@ -101,7 +102,7 @@ def test_alertmanager_routes_by_severity():
 
 def test_alertmanager_groups_and_inhibits_on_the_rules_labels():
     config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
-    assert config["route"]["group_by"] == ["alertname", "cluster", "instance", "unit"]
+    assert config["route"]["group_by"] == ["alertname", "cluster", "instance", "unit", "group"]
     agent_down = next(r for r in config["inhibit_rules"]
                       if r["source_matchers"] == ['alertname="LLMStartupAgentDown"'])
     assert agent_down["equal"] == ["cluster", "instance"]
