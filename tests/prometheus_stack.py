@@ -194,6 +194,12 @@ class Prometheus(_Server):
     def query_range(self, expr: str, start: float, end: float, step: float = 1.0) -> list[dict[str, Any]]:
         return query_range(self.url, expr, start, end, step)
 
+    def alerts(self, **labels: str) -> list[dict[str, Any]]:
+        """/api/v1/alerts: the alerts pending or firing now (`labels`, `annotations`, `state`, `activeAt`,
+        `value`), those with these label values."""
+        found = _api(self.url, "/api/v1/alerts", {})["alerts"]
+        return [a for a in found if all(a["labels"].get(k) == v for k, v in labels.items())]
+
     def wait_for(self, expr: str, timeout: float, what: str | None = None) -> list[dict[str, Any]]:
         """Poll an instant query until it returns something; its result."""
         return wait_for(lambda: self.query(expr), timeout, what or f"Prometheus to return {expr}", every=0.5)

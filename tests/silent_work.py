@@ -12,11 +12,17 @@ real thing in its API server process, and, if that ends, prints the rest of the 
     gloo PORT       rank 0 of a gloo group of two whose rank 1 joined and never calls the collective:
                     all_reduce waits forever
     gloo-peer PORT  that rank 1, started apart from the unit
+    host FLAGS      one host's rank of a start over several, with vLLM's multi-node flags (--nnodes N --node-rank R
+                    --master-addr A --master-port P): its banner, vLLM's world line, a real gloo rendezvous of the
+                    N ranks at A:P and an all_reduce, then the rest of its start to ready; with
+                    --stop-before-rendezvous it stops itself (SIGSTOP) after its banner, as a rank that never joins
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
 import sys
 import time
 
@@ -100,11 +106,42 @@ def gloo(rank: int, port: int) -> None:
             time.sleep(60)
 
 
+def host(argv: list[str]) -> int:
+    flags = argparse.ArgumentParser(prog="host")
+    flags.add_argument("--nnodes", type=int, required=True)
+    flags.add_argument("--node-rank", type=int, required=True)
+    flags.add_argument("--master-addr", required=True)
+    flags.add_argument("--master-port", type=int, required=True)
+    flags.add_argument("--stop-before-rendezvous", action="store_true")
+    args = flags.parse_args(argv)
+    startup = Startup()
+    try:
+        startup.step(LOAD[0])
+        if args.stop_before_rendezvous:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        import torch
+        import torch.distributed as dist
+
+        method = f"tcp://{args.master_addr}:{args.master_port}"
+        startup.step({"log": f"world_size={args.nnodes} rank={args.node_rank} local_rank=0 "
+                             f"distributed_init_method={method} backend=gloo"})
+        dist.init_process_group("gloo", init_method=method, rank=args.node_rank, world_size=args.nnodes)
+        dist.all_reduce(torch.ones(4))
+        for step in (*LOAD[1:], *READY):
+            startup.step(step)
+        startup.step({"hang": True})
+        return 0
+    finally:
+        startup.cleanup()
+
+
 def main(argv: list[str]) -> int:
     kind = argv[0]
     if kind == "gloo-peer":
         gloo(1, int(argv[1]))
         return 0
+    if kind == "host":
+        return host(argv[1:])
     startup = Startup()
     try:
         for step in LOAD:
