@@ -5,8 +5,10 @@
 
 Two dashboards over the `llmstartup_*` metrics (README.md, "Metrics"):
 
-- fleet (uid llmstartup-fleet): every unit on every host — phase, verdict, time in phase, time to
-  ready, failures — and their phase and verdict timelines;
+- fleet (uid llmstartup-fleet): across every host, from recording rules only (a fleet of thousands of hosts is
+  never scanned raw): starts in progress by phase, the starts that span hosts with the host holding each back,
+  the slowest starts of the day by engine and model; then every unit on every host — phase, verdict, time in
+  phase, time to ready, failures — and their phase and verdict timelines;
 - unit (uid llmstartup-unit): one unit — how far its phase is and when it should end, its phase and verdict timelines, the silence and each
   liveness signal, GPU memory per GPU, CPU, I/O, the last start phase by phase, and phase durations
   over past starts against the expected ones.
@@ -379,8 +381,138 @@ def fleet() -> dashboard.Dashboard:
         "Every LLM model-server unit on every host: which startup phase it is in, and whether it is still making progress.",
         "now-6h", "30s", fleet=True,
     )
-    for row in (fleet_now, fleet_timelines, fleet_starts_and_failures, fleet_agents):
+    for row in (fleet_across_hosts, fleet_now, fleet_timelines, fleet_starts_and_failures, fleet_agents):
         d = row(d, ids)
+    return d
+
+
+ACROSS_HOSTS = "Across hosts"  # the fleet row built from recording rules alone (deploy/prometheus/llmstartup.rules.yml)
+# llmstartup:phase_order's numbers, for a group's furthest phase (a failed member is behind every other)
+PHASE_ORDER = ["failed", *(p.value for p in STARTUP_PHASES), "ready"]
+CLUSTER_SEL = 'cluster=~"$cluster"'
+
+
+def fleet_across_hosts(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
+    """Across hosts: the whole fleet from the rules' recorded series, a handful of series whatever its size."""
+    d = d.with_row(dashboard.Row(ACROSS_HOSTS).id(ids()))
+    by_phase = (
+        timeseries.Panel()
+        .id(ids())
+        .title("Starts in progress, by phase")
+        .description(
+            "How many units are starting on every host of the clusters picked, by the phase they are in "
+            "(cluster_phase_verdict:llmstartup_units_starting:count, a recording rule: no unit's own series is read)."
+        )
+        .datasource(DATASOURCE)
+        .with_target(
+            query(f"sum by (phase) (cluster_phase_verdict:llmstartup_units_starting:count{{{CLUSTER_SEL}}})", "{{phase}}")
+        )
+        .draw_style(common.GraphDrawStyle.BARS)
+        .fill_opacity(80)
+        .stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL))
+        .unit("none")
+        .decimals(0)
+        .legend(legend_bottom())
+        .span(12)
+        .height(8)
+    )
+    for p in STARTUP_PHASES:
+        by_phase = by_phase.override_by_name(p.value, [fixed_colour(PHASE_COLOURS[p])])
+    d = d.with_panel(by_phase)
+    d = d.with_panel(
+        table.Panel()
+        .id(ids())
+        .title("Slowest starts of the day, by engine and model")
+        .description(
+            "For each engine and model, the longest a start took to become ready in the last 24 hours, on any host "
+            "(the day's highest cluster_engine_model:llmstartup_time_to_ready_seconds:max)."
+        )
+        .datasource(DATASOURCE)
+        .with_target(
+            query(
+                f"topk(20, max by (cluster, engine, model) (max_over_time("
+                f"cluster_engine_model:llmstartup_time_to_ready_seconds:max{{{CLUSTER_SEL}}}[1d])))",
+                instant=True,
+                table_format=True,
+            )
+        )
+        .transformations(
+            merge_table(renames={"Value": "Slowest time to ready"}, hide=[], order=["cluster", "engine", "model", "Value"])
+        )
+        .override_by_name("Slowest time to ready", [model.DynamicConfigValue(id_val="unit", value="s"),
+                                                    model.DynamicConfigValue(id_val="decimals", value=0)])
+        .sort_by([common_builders.TableSortByFieldState().display_name("Slowest time to ready").desc(True)])
+        .span(12)
+        .height(8)
+    )
+    d = d.with_panel(
+        table.Panel()
+        .id(ids())
+        .title("Starts that span hosts, and the host holding each back")
+        .description(
+            "One row per start that runs as one engine on several hosts (its group: where the hosts meet): how many "
+            "hosts it spans and how many report it, its furthest phase, and its laggard: of the hosts in its earliest "
+            "phase (a failed one first), the one quiet for longest, which the others wait for. LLMStartupGroupHeldBack "
+            "fires when the laggard is stalled or failed, or behind while the others wait, and when hosts are missing."
+        )
+        .datasource(DATASOURCE)
+        .targets(
+            [
+                query(
+                    "max by (cluster, group, nnodes, instance, unit, node_rank, phase) "
+                    f'(instance_unit_group:llmstartup_group_laggard_quiet_seconds{{{CLUSTER_SEL}, instance=~"$instance"}})',
+                    ref="A",
+                    instant=True,
+                    table_format=True,
+                ),
+                query(
+                    f"max by (cluster, group) (group:llmstartup_group_hosts:count{{{CLUSTER_SEL}}})",
+                    ref="B",
+                    instant=True,
+                    table_format=True,
+                ),
+                query(
+                    f"max by (cluster, group) (group:llmstartup_group_phase:max{{{CLUSTER_SEL}}})",
+                    ref="C",
+                    instant=True,
+                    table_format=True,
+                ),
+            ]
+        )
+        .transformations(
+            merge_table(
+                renames={"Value #A": "Quiet for", "Value #B": "Hosts reporting", "Value #C": "Furthest phase",
+                         "instance": "laggard", "unit": "its unit", "node_rank": "its node", "phase": "its phase"},
+                hide=[],
+                order=["cluster", "group", "nnodes", "Value #B", "Value #C", "instance", "unit", "node_rank", "phase",
+                       "Value #A"],
+            )
+        )
+        .override_by_name(
+            "Furthest phase",
+            [
+                model.DynamicConfigValue(id_val="mappings", value=[model.ValueMap(options={
+                    str(i): model.ValueMappingResult(text=p, color=PHASE_COLOURS[Phase(p)], index=i)
+                    for i, p in enumerate(PHASE_ORDER)})]),
+                model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+            ],
+        )
+        .override_by_name(
+            "its phase",
+            [
+                model.DynamicConfigValue(id_val="mappings", value=text_mappings(PHASES, PHASE_COLOURS)),
+                model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+            ],
+        )
+        .override_by_name("Quiet for", [model.DynamicConfigValue(id_val="unit", value="s"),
+                                        model.DynamicConfigValue(id_val="decimals", value=0),
+                                        model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-text"}),
+                                        model.DynamicConfigValue(id_val="thresholds", value=SILENCE_STEPS.build())])
+        .sort_by([common_builders.TableSortByFieldState().display_name("Quiet for").desc(True)])
+        .filterable(True)
+        .span(24)
+        .height(8)
+    )
     return d
 
 
@@ -1313,6 +1445,20 @@ def panels(document: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             found.append(panel)
     return found
+
+
+def row_panels(document: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels of one row of a dashboard JSON document: those after the row, up to the next one."""
+    found: list[dict[str, Any]] | None = None
+    for panel in document.get("panels", []):
+        if panel.get("type") == "row":
+            if found is not None:
+                break
+            if panel.get("title") == title:
+                found = list(panel.get("panels", []))
+        elif found is not None:
+            found.append(panel)
+    return found or []
 
 
 GRAFANA_VARIABLES = re.compile(r"\$(?:\{(\w+)\}|(\w+))")

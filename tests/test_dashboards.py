@@ -27,6 +27,9 @@ module("grafana_foundation_sdk", "grafana-foundation-sdk (the test extra)")
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
+RULES = ROOT / "deploy" / "prometheus" / "llmstartup.rules.yml"
+RAW = re.compile(r"(?<![:\w])llmstartup_\w+")  # an exporter's metric, not a recording rule's `level:metric:ops`
+RECORDED = re.compile(r"\b[a-z_]+:[a-z_]+(?::[a-z0-9_]+)?\b")
 
 
 def _load():
@@ -134,6 +137,19 @@ def test_unit_view_shows_what_the_issue_asks() -> None:
         assert needle in exprs, needle
 
 
+def test_the_fleet_row_across_hosts_reads_recorded_series_alone() -> None:
+    """A fleet of thousands of hosts: the row over all of it reads a handful of recorded series, never a unit's own
+    (issue 27): starts in progress by phase, the starts that span hosts and their laggard, the day's slowest starts."""
+    row = dashboards.row_panels(DOCUMENTS["llmstartup-fleet.json"], dashboards.ACROSS_HOSTS)
+    exprs = [t["expr"] for p in row for t in p["targets"]]
+    assert len(row) == 3 and all(RECORDED.search(e) for e in exprs)
+    assert not [RAW.findall(e) for e in exprs if RAW.findall(e)]
+    joined = "\n".join(exprs)
+    for needle in ("cluster_phase_verdict:llmstartup_units_starting:count", "instance_unit_group:llmstartup_group_laggard",
+                   "group:llmstartup_group_hosts:count", "max_over_time(cluster_engine_model:llmstartup_time_to_ready"):
+        assert needle in joined, needle
+
+
 def test_fleet_view_shows_what_the_issue_asks() -> None:
     exprs = _exprs("llmstartup-fleet.json")
     for needle in (
@@ -163,12 +179,19 @@ def exported_metrics() -> set[str]:
     return names
 
 
+def recorded_series() -> set[str]:
+    """The series deploy/prometheus/llmstartup.rules.yml records."""
+    return {r["record"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "record" in r}
+
+
 def test_queries_name_only_exported_metrics() -> None:
-    known = exported_metrics()
+    known, recorded = exported_metrics(), recorded_series()
     assert "llmstartup_unit_phase" in known and "llmstartup_gpu_memory_used_bytes" in known
     for title, expr in panel_queries():
-        for metric in re.findall(r"\bllmstartup_\w+", expr):
+        for metric in RAW.findall(expr):
             assert metric in known or metric == "llmstartup_", (title, metric)
+        for name in RECORDED.findall(expr):
+            assert name in recorded, (title, name)
         for pattern in re.findall(r'__name__=~"llmstartup_\(([^)]*)\)"', expr):
             for value in pattern.split("|"):
                 assert f"llmstartup_{value}" in known, (title, value)

@@ -9,14 +9,19 @@ with the project's rules (tests/prometheus_stack.py). The agents say which start
   LLMStartupGroupHeldBack names host b within the stall threshold and two scrape intervals of b's stop, and
   nothing names host a;
 - host b's rank is never started: the group has one host of two, and the alert says a host is missing.
+
+The fleet dashboard's row across hosts, which reads recorded series alone, shows each start: its queries run
+against the same Prometheus.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import datetime
 from pathlib import Path
 
+from grafana import dashboards
 from tests.prometheus_stack import prometheus_stack  # noqa: F401 (fixture)
 from tests.scrape import INTERVAL, STALL, wait_for
 from tests.two_hosts import Host, two_hosts  # noqa: F401 (fixture)
@@ -34,6 +39,17 @@ def members(prometheus) -> dict[str, dict[str, str]]:
     """The group's members as the rules see them, by instance."""
     return {r["metric"]["instance"]: r["metric"]
             for r in prometheus.query("instance_unit_group:llmstartup_group_member_phase")}
+
+
+def fleet_row(prometheus) -> dict[str, bool]:
+    """Each panel of the fleet dashboard's row across hosts, and whether it shows anything now."""
+    row = {p["title"] for p in dashboards.row_panels(json.loads(dashboards.render(dashboards.fleet())), dashboards.ACROSS_HOSTS)}
+    shown: dict[str, bool] = {}
+    for title, expr in dashboards.panel_queries():
+        if title in row:
+            shown[title] = shown.get(title, False) or bool(prometheus.query(expr))
+    assert set(shown) == row
+    return shown
 
 
 def _seconds(rfc3339: str) -> float:
@@ -60,6 +76,9 @@ def test_a_start_over_two_hosts_is_one_group_and_ready(two_hosts, prometheus_sta
     # A few evaluations after ready, so that anything the start set off has shown: no alert ever fired.
     prometheus.wait_for("time() - max(llmstartup_ready_timestamp_seconds) > 5", 20)
     assert prometheus.query('count_over_time(ALERTS{alertstate="firing"}[10m])') == []
+    assert fleet_row(prometheus) == {"Starts in progress, by phase": False,  # none now: both ready
+                                     "Slowest starts of the day, by engine and model": True,
+                                     "Starts that span hosts, and the host holding each back": True}
 
 
 def test_a_rank_stopped_before_the_rendezvous_holds_its_group_back(two_hosts, prometheus_stack):
@@ -88,6 +107,9 @@ def test_a_rank_stopped_before_the_rendezvous_holds_its_group_back(two_hosts, pr
     assert prometheus.query(f'rate(llmstartup_process_cpu_seconds_total{{instance="{a.instance}"}}[5s]) < 0.05')
     assert prometheus.query(f'llmstartup_unit_verdict{{instance="{b.instance}",verdict="stalled"}} == 1')
     assert prometheus.query(f'count_over_time(ALERTS{{instance="{a.instance}"}}[10m])') == []
+    assert fleet_row(prometheus) == {"Starts in progress, by phase": True,
+                                     "Slowest starts of the day, by engine and model": False,  # none ready yet
+                                     "Starts that span hosts, and the host holding each back": True}
 
 
 def test_a_rank_never_started_is_a_host_missing(two_hosts, prometheus_stack):
