@@ -16,7 +16,7 @@ import traceback
 
 from bench.common import Row, load_average, machine, say
 
-BENCHMARKS = ("ingest", "steady", "stall", "web", "lines", "restart", "stacks")  # steady is items 2 and 3: they share one rig
+BENCHMARKS = ("ingest", "steady", "stall", "web", "lines", "restart", "stacks", "series")  # steady is items 2 and 3: they share one rig
 QUIET = 0.5
 
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     say()
 
-    from bench import ingest, lines, restart, stacks, stall, steady, web
+    from bench import ingest, lines, restart, series, stacks, stall, steady, web
 
     runs = {"ingest": lambda: ingest.run(args.entries),
             "steady": lambda: steady.run(args.window, args.scrapes),
@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             "web": web.run,
             "lines": lines.run,
             "restart": lambda: restart.run(args.restart_lines),
-            "stacks": stacks.run}
+            "stacks": stacks.run,
+            "series": series.run}
     rows: list[Row] = []
     failed = []
     started = time.monotonic()
