@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from exporter.core.model import (
     Attempt,
     Expectation,
+    Group,
     Phase,
     Snapshot,
     Span,
@@ -15,7 +18,7 @@ from exporter.core.model import (
     Verdict,
     frozen_map,
 )
-from exporter.core.report import status_line
+from exporter.core.report import status_line, unit_document
 
 # A start 15 minutes in, compiling for the last 10 of them.
 COMPILING = UnitState("vllm.service", "vllm", attempt=Attempt(
@@ -57,3 +60,22 @@ def test_a_settled_start_promises_nothing():
                     spans=((Phase.LAUNCHING, 100.0), (Phase.READY, 400.0)))
     view = UnitView(UnitState("vllm.service", "vllm", attempt=ready), Verdict.READY, _expect(10.0, 20.0))
     assert status_line(view, NOW) == "vllm.service  ready 10m00s  ready after 5m00s: ready"
+
+
+@pytest.mark.parametrize(
+    ("group", "says"),
+    [
+        pytest.param(Group("10.0.0.1:29501", 2, 1), "node 1 of 2 hosts at 10.0.0.1:29501", id="one host of a start over two"),
+        pytest.param(Group("10.0.0.1:29501", world_size=16, local_world_size=8), "of 2 hosts at 10.0.0.1:29501",
+                     id="its node rank not said"),
+        pytest.param(Group("127.0.0.1:41227"), None, id="alone"),
+    ],
+)
+def test_a_start_over_several_hosts_says_which_host_this_is(group: Group, says: str | None) -> None:
+    view = UnitView(replace(COMPILING, attempt=replace(COMPILING.attempt, group=group)), Verdict.SILENT_PROGRESS)
+    line, document = status_line(view, NOW), unit_document(view, NOW)
+    if says is None:
+        assert " hosts at " not in line and document["group"] is None
+    else:
+        assert f"  {says}  " in line
+        assert document["group"] == {"address": group.address, "nnodes": 2, "node_rank": group.node_rank}

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from exporter.core import expectations, progress
-from exporter.core.model import Attempt, Phase, Progress, Snapshot, Stuck, UnitState, UnitView
+from exporter.core.model import Attempt, Group, Phase, Progress, Snapshot, Stuck, UnitState, UnitView
 from exporter.core.stuck import waiting_for
 
 GiB = 2**30
@@ -124,10 +124,16 @@ def unit_document(view: UnitView, snap: Snapshot) -> dict[str, Any]:
         "signals": signals(state) if live else None,
         "verdict_reason": view.why or None,
         "stuck": [stuck_document(group) for group in view.stuck],
+        # the start over several hosts this one is a part of: where they meet, how many, which one this is
+        "group": group_document(attempt.group) if attempt and attempt.group and attempt.group.spans_hosts else None,
         "values": dict(state.values),
         "timeline": timeline(attempt, now, wall) if attempt else [],
         "previous_timeline": timeline(state.previous, now, wall) if state.previous else [],
     }
+
+
+def group_document(group: Group) -> dict[str, Any]:
+    return {"address": group.address, "nnodes": group.hosts, "node_rank": group.node_rank}
 
 
 def stuck_document(group: Stuck) -> dict[str, Any]:
@@ -193,6 +199,9 @@ def status_line(view: UnitView, snap: Snapshot) -> str:
         parts.append(f"startup {duration(now - attempt.started)}")
     if attempt.phase is Phase.FAILED and attempt.reason:
         parts.append(f"reason {attempt.reason}")
+    if attempt.group and attempt.group.spans_hosts:
+        node = "" if attempt.group.node_rank is None else f"node {attempt.group.node_rank} "
+        parts.append(f"{node}of {attempt.group.hosts} hosts at {attempt.group.address}")
     if state.last_log is not None and attempt.ended is None and attempt.ready_at is None:
         parts.append(f"no log for {duration(now - state.last_log)}")
     if attempt.ended is None and (left := expectations.remaining(view.expected, attempt, now)) is not None:
