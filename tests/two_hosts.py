@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -81,6 +82,7 @@ def two_hosts(tmp_path: Path) -> Iterator[Callable[..., tuple[Host, Host]]]:
     tag = secrets.token_hex(3)
     hosts: list[Host] = []
     agents: list[subprocess.Popen[bytes]] = []
+    logs: list[IO[bytes]] = []
     made: list[str] = []
 
     def start(args: tuple[str, ...] = ()) -> tuple[Host, Host]:
@@ -103,9 +105,10 @@ def two_hosts(tmp_path: Path) -> Iterator[Callable[..., tuple[Host, Host]]]:
                     "--web.listen-address", f"127.0.0.1:{host.port}", "--sample.interval", f"{INTERVAL:g}s",
                     "--silence.threshold", f"{SILENCE:g}s", "--stall.threshold", f"{STALL:g}s", "--no-collector.gpu",
                     "--state.path", str(tmp_path / f"{host.namespace}.db"), "--unit", host.unit, *args]
-            agents.append(subprocess.Popen(argv, stderr=open(tmp_path / f"agent-{host.namespace}.log", "wb")))
+            logs.append(open(tmp_path / f"agent-{host.namespace}.log", "wb"))  # noqa: SIM115 (closed at teardown)
+            agents.append(subprocess.Popen(argv, stderr=logs[-1]))
         for host in hosts:
-            wait_for(lambda: try_fetch(host.port), 15, f"{host.namespace}'s agent to serve /metrics")
+            wait_for(lambda port=host.port: try_fetch(port), 15, f"{host.namespace}'s agent to serve /metrics")
         return a, b
 
     yield start
@@ -115,6 +118,8 @@ def two_hosts(tmp_path: Path) -> Iterator[Callable[..., tuple[Host, Host]]]:
     for process in agents:
         process.terminate()
         assert process.wait(timeout=10) == 0, "an agent did not stop cleanly on SIGTERM"
+    for log in logs:
+        log.close()
     for host in hosts:
         host.journald.stop()
     for namespace in made:  # its end of the veth pair goes with it, and the other end with that
