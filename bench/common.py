@@ -35,6 +35,36 @@ class Row:
     met: bool | None  # None: no goal could be judged (the measurement failed)
 
 
+def demo_records(api_pid: str, engine_pid: str) -> list[tuple[float, str]]:
+    """The demo's real-format vLLM 0.11 start (exporter/shell/demo/vllm_startup.py) as (seconds from its first line,
+    journal record), each record when vLLM ends its line (a \\r bar's redraws in one), with these pids."""
+    import io
+
+    from exporter.shell.demo import vllm_startup as demo
+
+    out = io.StringIO()
+    console = demo.Console(out, out, lambda: 0)
+    console.pid = lambda proc: api_pid if proc == demo.API else engine_pid  # type: ignore[assignment,return-value]
+    console.substitute = lambda text: text.replace("{api_pid}", api_pid).replace("{engine_pid}", engine_pid)  # type: ignore[method-assign]
+    t, timed, seen = 0.0, [], 0
+    for step in demo.DEMO:
+        if "log" in step:
+            console.log(str(step["log"]))
+        elif "bar" in step:
+            steps, per_line = int(step["steps"]), bool(step.get("per_line", False))
+            for n in range(steps + 1):
+                console.write("\r" + demo._bar_text(step["bar"], n, steps, float(step["seconds"]) * n / steps, per_line),
+                              demo.ENGINE, "stderr")
+            console.write("\n", demo.ENGINE, "stderr")
+            t += float(step["seconds"])
+        elif "sleep" in step or "burn" in step:
+            t += float(step.get("sleep", step.get("burn", 0.0)))
+        text = out.getvalue()
+        timed += [(t, record) for record in text[seen:].split("\n") if record]
+        seen = len(text)
+    return timed
+
+
 def say(text: str = "") -> None:
     print(text, flush=True)
 

@@ -19,7 +19,6 @@ vLLM grammar (38 rules); an access line matches none, so it is the worst case, a
 from __future__ import annotations
 
 import functools
-import io
 import pickle
 import random
 import re
@@ -32,7 +31,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.common import Row, say, write_journal
+from bench.common import Row, demo_records, say, write_journal
 
 ENTRIES = 300_000
 UNITS = ("vllm-llama70b.service", "vllm-qwen3.service", "vllm-glm.service", "vllm-embed.service")
@@ -54,22 +53,7 @@ LOG_CLOCK = re.compile(r" \d\d-\d\d \d\d:\d\d:\d\d ")
 def _startup_template() -> tuple[str, ...]:
     """The demo scenario's lines as vLLM 0.11 prints them, one journal entry each (split at \\n),
     with placeholders for the pids and a fixed clock."""
-    from exporter.shell.demo import vllm_startup as demo
-
-    out = io.StringIO()
-    console = demo.Console(out, out, lambda: 0)
-    console.pid = lambda proc: API_PID if proc == demo.API else ENGINE_PID  # type: ignore[assignment,return-value]
-    console.substitute = lambda text: text.replace("{api_pid}", API_PID).replace("{engine_pid}", ENGINE_PID)  # type: ignore[method-assign]
-    for step in demo.DEMO:
-        if "log" in step:
-            console.log(str(step["log"]))
-        elif "bar" in step:
-            steps, per_line = int(step["steps"]), bool(step.get("per_line", False))
-            for n in range(steps + 1):
-                text = demo._bar_text(step["bar"], n, steps, float(step["seconds"]) * n / steps, per_line)
-                console.write("\r" + text, demo.ENGINE, "stderr")
-            console.write("\n", demo.ENGINE, "stderr")
-    return tuple(LOG_CLOCK.sub(" 11-29 07:06:40 ", line) for line in out.getvalue().split("\n") if line)
+    return tuple(LOG_CLOCK.sub(" 11-29 07:06:40 ", line) for _, line in demo_records(API_PID, ENGINE_PID))
 
 
 def _startup_records(api_pid: int, engine_pid: int) -> list[str]:

@@ -11,14 +11,13 @@ history teaches of them (expected_phase_duration_seconds); tests/test_series.py 
 
 from __future__ import annotations
 
-import io
 import random
 import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from bench.common import Row, say
+from bench.common import Row, demo_records, say
 from exporter.core import expectations, grammar
 from exporter.core.model import (
     STARTUP_ORDER,
@@ -49,36 +48,9 @@ FLEET_HOSTS, UNITS_PER_HOST, GPUS_PER_HOST = 2000, 4, 8
 LIMITS = Limits(gpu=True)
 
 
-def demo_lines() -> list[tuple[float, str]]:
-    """The demo's start as (seconds from its first line, journal record), each record when vLLM ends its line."""
-    from exporter.shell.demo import vllm_startup as demo
-
-    out = io.StringIO()
-    console = demo.Console(out, out, lambda: 0)
-    console.pid = lambda proc: 4242 if proc == demo.API else 4310  # type: ignore[assignment,return-value]
-    console.substitute = lambda text: text.replace("{api_pid}", "4242").replace("{engine_pid}", "4310")  # type: ignore[method-assign]
-    t, timed, seen = 0.0, [], 0
-    for step in demo.DEMO:
-        if "log" in step:
-            console.log(str(step["log"]))
-        elif "bar" in step:
-            steps, per_line = int(step["steps"]), bool(step.get("per_line", False))
-            for n in range(steps + 1):
-                console.write("\r" + demo._bar_text(step["bar"], n, steps, float(step["seconds"]) * n / steps, per_line),
-                              demo.ENGINE, "stderr")
-            console.write("\n", demo.ENGINE, "stderr")
-            t += float(step["seconds"])
-        elif "sleep" in step or "burn" in step:
-            t += float(step.get("sleep", step.get("burn", 0.0)))
-        text = out.getvalue()
-        timed += [(t, record) for record in text[seen:].split("\n") if record]
-        seen = len(text)
-    return timed
-
-
 def starts(count: int, gpus: int, seed: int = 27) -> Iterator[list[Observation]]:
     """`count` starts of the unit, one after another, each its observations in time order."""
-    rng, lines, t, pid = random.Random(seed), demo_lines(), 1000.0, 4000
+    rng, lines, t, pid = random.Random(seed), demo_records("4242", "4310"), 1000.0, 4000
     for _ in range(count):
         pace = rng.uniform(4.0, 9.0)
         end = t + lines[-1][0] * pace

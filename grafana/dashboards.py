@@ -219,6 +219,26 @@ def state_timeline(ids: Ids, title: str, description: str, expr: str, legend: st
     )
 
 
+def stacked_bars(ids: Ids, title: str, description: str, target: Any) -> timeseries.Panel:
+    """Counts over time as stacked bars, one colour per series, half a row wide."""
+    return (
+        timeseries.Panel()
+        .id(ids())
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .with_target(target)
+        .draw_style(common.GraphDrawStyle.BARS)
+        .fill_opacity(80)
+        .stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL))
+        .unit("none")
+        .decimals(0)
+        .legend(legend_bottom())
+        .span(12)
+        .height(8)
+    )
+
+
 def count_stat(ids: Ids, title: str, description: str, verdicts: str, colour: str, alert: bool):
     expr = f'count(llmstartup_unit_verdict{{{SEL}, verdict=~"{verdicts}"}} == 1) or vector(0)'
     steps = thresholds((None, "green"), (1, colour)) if alert else thresholds((None, colour))
@@ -395,26 +415,12 @@ CLUSTER_SEL = 'cluster=~"$cluster"'
 def fleet_across_hosts(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dashboard:
     """Across hosts: the whole fleet from the rules' recorded series, a handful of series whatever its size."""
     d = d.with_row(dashboard.Row(ACROSS_HOSTS).id(ids()))
-    by_phase = (
-        timeseries.Panel()
-        .id(ids())
-        .title("Starts in progress, by phase")
-        .description(
-            "How many units are starting on every host of the clusters picked, by the phase they are in "
-            "(cluster_phase_verdict:llmstartup_units_starting:count, a recording rule: no unit's own series is read)."
-        )
-        .datasource(DATASOURCE)
-        .with_target(
-            query(f"sum by (phase) (cluster_phase_verdict:llmstartup_units_starting:count{{{CLUSTER_SEL}}})", "{{phase}}")
-        )
-        .draw_style(common.GraphDrawStyle.BARS)
-        .fill_opacity(80)
-        .stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL))
-        .unit("none")
-        .decimals(0)
-        .legend(legend_bottom())
-        .span(12)
-        .height(8)
+    by_phase = stacked_bars(
+        ids,
+        "Starts in progress, by phase",
+        "How many units are starting on every host of the clusters picked, by the phase they are in "
+        "(cluster_phase_verdict:llmstartup_units_starting:count, a recording rule: no unit's own series is read).",
+        query(f"sum by (phase) (cluster_phase_verdict:llmstartup_units_starting:count{{{CLUSTER_SEL}}})", "{{phase}}"),
     )
     for p in STARTUP_PHASES:
         by_phase = by_phase.override_by_name(p.value, [fixed_colour(PHASE_COLOURS[p])])
@@ -745,30 +751,16 @@ def fleet_starts_and_failures(d: dashboard.Dashboard, ids: Ids) -> dashboard.Das
     """Starts and failures: starts by outcome, failures by phase and reason."""
     d = d.with_row(dashboard.Row("Starts and failures").id(ids()))
     d = d.with_panel(
-        timeseries.Panel()
-        .id(ids())
-        .title("Starts by outcome")
-        .description(
-            "How many starts ended ready, failed or stopped (asked to stop before ready), per interval, over the units picked."
+        stacked_bars(
+            ids,
+            "Starts by outcome",
+            "How many starts ended ready, failed or stopped (asked to stop before ready), per interval, over the units picked.",
+            query(f"sum by (outcome) (increase(llmstartup_startups_total{{{SEL}}}[$__interval]))", "{{outcome}}"),
         )
-        .datasource(DATASOURCE)
         .interval("1m")
-        .with_target(
-            query(
-                f"sum by (outcome) (increase(llmstartup_startups_total{{{SEL}}}[$__interval]))", "{{outcome}}"
-            )
-        )
-        .draw_style(common.GraphDrawStyle.BARS)
-        .fill_opacity(80)
-        .stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL))
-        .unit("none")
-        .decimals(0)
-        .legend(legend_bottom())
         .override_by_name("ready", [fixed_colour(VERDICT_COLOURS["ready"])])
         .override_by_name("failed", [fixed_colour(VERDICT_COLOURS["failed"])])
         .override_by_name("stopped", [fixed_colour(PHASE_COLOURS[Phase.STOPPING])])
-        .span(12)
-        .height(8)
     )
     d = d.with_panel(
         table.Panel()
