@@ -79,8 +79,8 @@ def _buckets(hist: Histogram) -> list[tuple[str, float]]:
     """The histogram's buckets where its durations fell: each bucket the count rises at, the one below it, and
     +Inf; none of the runs of buckets where it stays the same. Per series, histogram_quantile reads the same
     quantiles from these as from all twenty (the bucket a rank falls in and the one below it are always kept),
-    and a bucket once shown stays (counts only rise), at a fifth of the series for a unit that starts alike
-    each time. Aggregate across units from per-unit quantiles: two units' histograms hold different buckets."""
+    and a bucket once shown stays (counts only rise): a phase of ten like starts costs about 6 series, not 23
+    (bench/series.py). Aggregate across units from per-unit quantiles: two units' histograms hold different buckets."""
     counts = (*hist.counts, hist.count)
     rises = [i for i, c in enumerate(counts) if c > (counts[i - 1] if i else 0)]
     kept = sorted({i for i in rises if i < len(hist.bounds)} | {i - 1 for i in rises if i})
