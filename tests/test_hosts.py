@@ -110,7 +110,10 @@ def test_a_rank_stopped_before_the_rendezvous_holds_its_group_back(two_hosts, pr
     took = _seconds(alert["activeAt"]) - stopped_at
     assert took <= STALL + 2 * INTERVAL + 1.0, f"the alert came {took:.1f} s after host b's rank stopped"
 
-    # Host a waits at the rendezvous it hosts: silent, no CPU; the rules count it as waiting, and no alert names it.
+    # Host a waits at the rendezvous it hosts: silent, no CPU, stalled by its own evidence; the rules count it as
+    # waiting, and no alert names it, however long it waits.
+    prometheus.wait_for(f'min_over_time(llmstartup_unit_verdict{{instance="{a.instance}",verdict="stalled"}}[3s]) == 1',
+                        START, "host a stalled for a few evaluations")
     assert prometheus.query(f'instance_unit_group:llmstartup_group_member_waiting{{instance="{a.instance}"}}')
     assert prometheus.query(f'rate(llmstartup_process_cpu_seconds_total{{instance="{a.instance}"}}[5s]) < 0.05')
     assert prometheus.query(f'llmstartup_unit_verdict{{instance="{b.instance}",verdict="stalled"}} == 1')
