@@ -134,6 +134,18 @@ TO_COMPILE = [
             Verdict.UNKNOWN,
             id="agent started long after the last line: not watched long enough to call a stall",
         ),
+        pytest.param(
+            [*TO_COMPILE, procs(30), procs(100, 20, started=99), procs(102, 20, started=99)],
+            103,
+            Verdict.PROGRESSING,
+            id="a new start that has said nothing yet: its silence counts from its beginning, not the start before's",
+        ),
+        pytest.param(
+            [*TO_COMPILE, procs(30), *(procs(t, 20, started=99) for t in range(100, 171, 10))],
+            170,
+            Verdict.SILENT_PROGRESS,
+            id="a new start silent past the threshold since its beginning: judged as any silence",
+        ),
     ],
 )
 def test_judge(observations, now, want):

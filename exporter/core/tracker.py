@@ -523,7 +523,10 @@ def assess(state: UnitState, now: float, limits: Limits, ceiling: float | None =
         return Verdict.FAILED, ""
     if attempt.phase is Phase.READY:
         return Verdict.READY, ""
-    if state.last_log is not None and now - state.last_log < limits.silence:
+    # A start's silence is its own: it counts from its last line or, before its first, from its beginning (an
+    # engine prints nothing while Python imports it), never from the start before's last line.
+    spoke = attempt.started if state.last_log is None else max(state.last_log, attempt.started)
+    if now - spoke < limits.silence:
         return Verdict.PROGRESSING, ""
     # Silence alone proves nothing (journald drops, \r bars, stopped streams): ask the process side.
     if state.last_process is None or now - state.last_process.t > limits.stale:
