@@ -58,6 +58,7 @@ class FakeJournal:
         self.resumed = False
         self.resume_lost: str | None = None
         self.behind = False
+        self.read_through = float("inf")  # the reader is never behind the samples, unless the test says so
         self.queued: list = []
 
     def watch(self, units: Iterable[str]) -> None:
@@ -83,7 +84,8 @@ class FakeProcesses:
 
     def sample(self, units: Iterable[str], t: float) -> dict[str, ProcessSample]:
         self.sampled.append(t)
-        return {u: ProcessSample(t, u, self.pids, self.cpu, 0, 0, self.rss, started_at=999.0) for u in units}
+        started = min((start for _, start in self.pids), default=None)
+        return {u: ProcessSample(t, u, self.pids, self.cpu, 0, 0, self.rss, started_at=started) for u in units}
 
     def list_units(self) -> dict[str, tuple[str, ...]]:
         return {U: (self.cmdline,), "sshd.service": ("/usr/sbin/sshd -D",)} if self.pids else {}
@@ -235,6 +237,24 @@ def test_a_finished_start_is_stored_once_whatever_the_rounds(tmp_path) -> None:
     assert view(a.snapshot).expected.startup.typical == pytest.approx(5)
 
 
+def test_every_start_a_round_reads_is_stored_though_the_state_keeps_two(tmp_path) -> None:
+    """A paused agent, or one restarted after a crash loop, reads several starts of a unit in one round: those
+    that passed through its state in the fold are stored too, not only the last two the state keeps."""
+    history = History(tmp_path / "history.db")
+    clock_box: list[Clock] = []
+    a, clock = agent(recorder=HistoryRecorder(history, "boot-1", lambda: clock_box[0].t))
+    clock_box.append(clock)
+    a.journal.ready_units = frozenset({U})
+    a.processes.pids = frozenset()
+    a.journal.queued = [line for n in range(4) for line in (
+        LogLine(clock.t + 10 * n, U, "vLLM API server version 0.11.0", f"inv-{n}"),
+        LogLine(clock.t + 10 * n + 1, U, OOM_LINE, f"inv-{n}"))]
+    clock.t += 60
+    a.tick()
+    assert sorted(r.started - 1.7e9 for r in history.recent(U)) == [pytest.approx(1000.0 + 10 * n) for n in range(3)]
+    assert {(r.outcome, r.failure_reason) for r in history.recent(U)} == {("failed", "cuda_oom")}
+
+
 def test_a_starts_last_words_are_read_before_the_sample_that_saw_it_exit() -> None:
     a, clock = agent()
     a.journal.ready_units = frozenset({U})
@@ -245,10 +265,53 @@ def test_a_starts_last_words_are_read_before_the_sample_that_saw_it_exit() -> No
     exited_at = clock.t
     a.tick()
     clock.t += 2
-    a.journal.queued = [LogLine(exited_at - 0.1, U, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")]
+    a.journal.queued = [LogLine(exited_at - 0.1, U, OOM_LINE)]
     state = view(a.tick()).state
     assert (state.phase, state.attempt.reason) == (Phase.FAILED, Reason.CUDA_OOM)
     assert state.failures == {(Phase.LAUNCHING, Reason.CUDA_OOM): 1}
+
+
+OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+@pytest.mark.parametrize(
+    ("seen_before", "after"),
+    [
+        pytest.param(True, frozenset(), id="a start seen live, that exited while the agent was paused"),
+        pytest.param(False, frozenset(), id="a start that began and exited while the agent was paused"),
+        pytest.param(True, frozenset({(43, 1020.0)}), id="a start restarted while the agent was paused"),
+    ],
+)
+def test_an_exit_settles_a_start_only_once_the_journal_is_read_up_to_it(seen_before, after) -> None:
+    """The reader is behind the samples (a paused agent, a reader catching up): the start fails with the reason
+    its lines give, not `exited`, whichever of its exit and its lines the agent sees first."""
+    a, clock = agent()
+    a.journal.ready_units = frozenset({U})
+    first = LogLine(clock.t + 1, U, "INFO 10-21 09:12:04 [api_server.py:1839] vLLM API server version 0.11.0", "inv-1")
+    if seen_before:
+        a.journal.queued = [first]
+    else:
+        a.processes.pids = frozenset()
+    clock.t += 2
+    a.tick()
+    # Paused for 30 s; meanwhile the start printed its OOM and exited. The reader has read only its first line.
+    clock.t += 30
+    a.processes.pids = after
+    a.journal.read_through = clock.t - 25
+    a.journal.queued = [] if seen_before else [replace(first, t=clock.t - 26)]
+    for _ in range(3):
+        clock.t += 1
+        state = view(a.tick()).state
+        assert state.failures == {}, "an exit settled before the lines written before it were read"
+    a.journal.queued = [LogLine(clock.t - 20, U, OOM_LINE, "inv-1")]
+    a.journal.read_through = clock.t
+    for _ in range(2):
+        clock.t += 1
+        state = view(a.tick()).state
+    assert state.failures == {(Phase.LAUNCHING, Reason.CUDA_OOM): 1}
+    ended = state.previous if after else state.attempt
+    assert (ended.phase, ended.reason) == (Phase.FAILED, Reason.CUDA_OOM)
+    assert (state.attempt.ended is None) is bool(after)
 
 
 @pytest.fixture

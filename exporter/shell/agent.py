@@ -37,6 +37,9 @@ from exporter.sources.status import SourceStatus
 logger = logging.getLogger(__name__)
 
 DISCOVER_EVERY = 10.0  # seconds between scans of the cgroup tree for model-server units
+# Samples a unit's process side may wait for the journal to be read up to them: past this, a reader that is stuck
+# (not down: it would say so) no longer holds the unit's process side, and the oldest are folded anyway.
+HELD_MAX = 64
 
 
 class JournalFeed(Protocol):
@@ -45,6 +48,7 @@ class JournalFeed(Protocol):
     status: SourceStatus
     drained_cursor: str | None  # the last entry of what drain() gave
     ready_units: frozenset[str]  # units whose earlier lines (this boot) are all handed over
+    read_through: float  # every entry written before this monotonic time is handed over
     restarts: int
     resumed: bool  # it went on from the checkpoint's cursor
     resume_lost: str | None  # why it could not
@@ -119,8 +123,8 @@ class Agent:
         self.states: dict[str, UnitState] = {}
         self.processes_status = SourceStatus("processes", logger, wall)
         self._discovered_at: float | None = None
-        self._gone: dict[str, ProcessSample] = {}
-        self._caught_up: frozenset[str] = frozenset()  # units whose state the last round's drain completed  # samples that found a start's processes gone, held a round
+        self._held: dict[str, list[ProcessSample]] = {}  # unit → its samples the journal is not read up to yet
+        self._caught_up: frozenset[str] = frozenset()  # units whose state the last round's drain completed
         self._xids_seen: float | None = None  # the GPU reading whose Xid events are counted
         self.xid_tally = xids.XidTally()
         self.recorder = recorder
@@ -147,8 +151,11 @@ class Agent:
         # 1. Processes before the logs: a line written before the sample is then read this round.
         samples = self._sample(units, t)
         # 2. A unit's process side waits until its earlier lines are read, so that the fold stays in
-        #    time order; asked before draining, so that those lines are surely in this round's drain.
-        caught_up = frozenset(units) if self.journal.status.failing else self.journal.ready_units
+        #    time order; asked before draining, so that those lines are surely in this round's drain: the
+        #    units whose earlier lines are read, and how far the journal is read.
+        failing = self.journal.status.failing
+        caught_up = frozenset(units) if failing else self.journal.ready_units
+        through = float("inf") if failing else self.journal.read_through
         # 3. The journal.
         observations: list[Observation] = []
         found: list[XidError] = []
@@ -161,12 +168,8 @@ class Agent:
         #    logs, so that even its first lines are folded with its own grammar.
         unnamed = {o.unit for o in observations if self.names.unknown(o.unit)}
         self._rename(self.names.found({unit: self.processes.cmdlines(unit) for unit in sorted(unnamed)}))
-        # 5. Process and GPU samples, and what the agent before this one watched, of caught-up units. A
-        #    sample that finds a start's processes gone waits one round: its last words, printed just
-        #    before it exited, may reach the journal only after the sample did, and must be folded first.
-        observations += self._gone.values()
-        self._gone = {u: s for u, s in samples.items() if u in caught_up and not s.ids and self._running(u)}
-        observations += [s for u, s in samples.items() if u in caught_up and u not in self._gone]
+        # 5. Process and GPU samples, and what the agent before this one watched, of caught-up units.
+        observations += self._in_order(samples, caught_up, through, t)
         observations += [self._resuming.pop(u) for u in caught_up & self._resuming.keys()]
         reading = self.gpu.latest if self.gpu else None
         if reading is not None:
@@ -177,17 +180,22 @@ class Agent:
         observations += self._count_xids(found, reading)
         if self.stacks:  # looks taken on the stack thread since the last round
             observations += [s for s in self.stacks.drain() if s.unit in caught_up]
-        # 6. The fold, in time order.
+        # 6. The fold, in time order. A start the fold pushes out of a unit's state (a round that reads several
+        #    starts: a paused agent, a crash loop read back) is handed to the history all the same.
         observations.sort(key=lambda o: o.t)
+        passed = []
         for obs in observations:
             before = self.states.get(obs.unit) or UnitState(obs.unit, self.names.engine(obs.unit))
-            self.states[obs.unit] = advance(before, obs, self.grammars[self.names.engine(obs.unit)], self.limits)
+            after = advance(before, obs, self.grammars[self.names.engine(obs.unit)], self.limits)
+            if before.previous is not None and after.previous is not before.previous:
+                passed.append((before, before.previous))
+            self.states[obs.unit] = after
         # 7. A start's command lines, once, as it begins: the hosts it spans, which a rank that never prints a
         #    line still says there.
         self._read_launches(units, t)
         self._caught_up = caught_up
         if self.recorder:
-            self.recorder.remember(self.states.values(), offset, self.journal.drained_cursor, caught_up)
+            self.recorder.remember(self.states.values(), offset, self.journal.drained_cursor, caught_up, passed=passed)
         self.snapshot = self._publish(units, t, offset)
         if self.stacks:  # the units silent now are looked at, on the stack thread
             self.stacks.watch({
@@ -198,18 +206,22 @@ class Agent:
         return self.snapshot
 
     def warm_up(self, timeout: float = 10.0) -> Snapshot:
-        """Tick until the watched units' earlier lines are read, so that the first snapshot anyone
-        sees after a (re)start already shows where each unit is, rather than nothing."""
+        """Tick until the watched units' earlier lines are read and their processes sampled after them, so that
+        the first snapshot anyone sees after a (re)start already shows where each unit is, rather than nothing."""
         deadline = self._clock() + timeout
         self.tick()
-        while (
-            not set(self.names.units) <= self.journal.ready_units
-            and not self.journal.status.failing
-            and self._clock() < deadline
-        ):
+        while not self._warm() and self._clock() < deadline:
             time.sleep(0.05)
             self.tick()
-        return self.tick()  # once more: the process side of units whose history just arrived
+        return self.snapshot
+
+    def _warm(self) -> bool:
+        if self.journal.status.failing:  # nothing to wait for
+            return True
+        units = self.names.units
+        return set(units) <= self.journal.ready_units and (
+            self.processes_status.failing
+            or all((state := self.states.get(u)) is not None and state.last_process is not None for u in units))
 
     def run(self, stop: threading.Event) -> None:
         """Tick every sample interval until `stop` is set; a failing tick is logged, not fatal."""
@@ -282,6 +294,7 @@ class Agent:
             if (state is None or state.attempt is None or state.attempt.ended is not None) and self.names.forget(unit):
                 logger.info("unit=%s container removed: no longer followed", unit)
                 self.states.pop(unit, None)
+                self._held.pop(unit, None)
                 del self.identities[unit]
 
     def _rename(self, named: Mapping[str, str]) -> None:
@@ -290,9 +303,24 @@ class Agent:
             if unit in self.states:
                 self.states[unit] = evolve(self.states[unit], engine=engine)
 
-    def _running(self, unit: str) -> bool:
-        state = self.states.get(unit)
-        return bool(state and state.attempt and state.attempt.ended is None and state.last_process and state.last_process.ids)
+    def _in_order(self, samples: Mapping[str, ProcessSample], caught_up: frozenset[str], through: float,
+                  t: float) -> list[ProcessSample]:
+        """The samples of caught-up units that may be folded now, each unit's in the order they were taken.
+
+        A sample is folded once the journal is read up to the time it was taken (`through`): every line written
+        before it is then folded first, so that an exit settles a start only after its last words, whatever the
+        order in which the reader and the sampler saw them (a paused agent, a reader catching up, an agent
+        restarted after starts it never saw). One that finds no process waits a round more: words printed just
+        before the exit may reach the journal only after the sample did.
+        """
+        for unit, sample in samples.items():
+            if unit in caught_up:
+                self._held.setdefault(unit, []).append(sample)
+        ready = []
+        for held in self._held.values():
+            while held and (len(held) > HELD_MAX or held[0].t <= through and (held[0].ids or held[0].t < t)):
+                ready.append(held.pop(0))
+        return ready
 
     def _sample(self, units: Iterable[str], t: float) -> dict[str, ProcessSample]:
         try:

@@ -15,6 +15,11 @@ logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 KEEP_PER_UNIT = 200  # starts kept per unit: enough for expectations, bounded on disk
+# The write-ahead log is copied into the file every WAL_PAGES pages written (SQLite's default is 1,000: 4 MiB)
+# and cut back to WAL_BYTES then (by default it is never cut): the state stays small on a small volume (a tmpfs,
+# a Kubernetes emptyDir with a sizeLimit), where a log grown to 4 MiB filled the disk and lost history.
+WAL_PAGES = 32
+WAL_BYTES = 128 * 1024
 
 # Each entry takes the schema from the version before it to its own; version 1 is the first.
 MIGRATIONS = {
@@ -109,6 +114,8 @@ class History:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+            db.execute(f"PRAGMA journal_size_limit={WAL_BYTES}")
             db.execute("PRAGMA foreign_keys=ON")
             db.execute("PRAGMA quick_check").fetchone()
             self._migrate(db)
@@ -175,7 +182,8 @@ class History:
             db.execute("COMMIT")
             return bool(cursor.rowcount)
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # SQLite rolls back itself on some errors (a full disk): the error is that one
+                db.execute("ROLLBACK")
             raise
 
     def recent(self, unit: str, limit: int = 50) -> list[AttemptRecord]:

@@ -74,8 +74,9 @@ class Follower:
     (sd-journal(3)), in the child process of exporter.sources.journal_process.
 
     `send(kind, payload)` hands results over: ("lines", (observations, cursor)) where cursor is the
-    position of the last entry read live, ("ready", units) once a unit's earlier lines were all
-    sent, ("ok", detail) and ("down", reason).
+    position of the last entry read live, ("through", t) once every entry written before the monotonic
+    time t was sent, ("ready", units) once a unit's earlier lines were all sent, ("ok", detail) and
+    ("down", reason).
     """
 
     def __init__(
@@ -117,7 +118,10 @@ class Follower:
                 self._backfill(new_units() - self.units)
                 batch = [*pending]
                 pending = []
-                while reader._next():
+                while True:
+                    looked = time.monotonic()  # the journal as it stood then: read whole once _next() finds no more
+                    if not reader._next():
+                        break
                     fields, t = _entry(reader)
                     self._position = reader._get_realtime()
                     batch += to_observations(fields, t, self.units)
@@ -125,6 +129,7 @@ class Follower:
                         self._hand_over(batch, reader)
                         batch = []
                 self._hand_over(batch, reader)
+                self._send("through", looked)
                 self._send("ok", f"reading {self.place}")
                 reader.wait(0.5)  # returns at once on new entries; INVALIDATE means the same to us
         finally:

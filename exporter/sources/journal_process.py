@@ -62,6 +62,9 @@ class JournalSource:
         self.resumed = False  # the child went on from the checkpoint's cursor
         self.resume_lost: str | None = None  # why it could not
         self.ready_units: frozenset[str] = frozenset()  # units whose earlier lines are all handed over
+        # Every entry written before this monotonic time is handed over (queued for drain()): what a process
+        # sample taken earlier may be folded after.
+        self.read_through = float("-inf")
         self.seen_units: frozenset[str] = frozenset()  # units with at least one entry this boot
         self.restarts = 0  # times the reader died and was started again
         self.child_pid: int | None = None
@@ -184,6 +187,8 @@ class JournalSource:
                     self.resume_lost = why
             if why:
                 logger.warning("journal: %s", why)
+        elif kind == "through":
+            self.read_through = payload  # type: ignore[assignment]
         elif kind == "ready":
             self.ready_units = payload  # type: ignore[assignment]
         elif kind == "ok":
