@@ -7,6 +7,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -29,6 +30,22 @@ def test_a_start_is_stored_once(tmp_path):
     [back] = history.recent("vllm.service")
     assert back.phases == {"compiling": 30.0}
     assert sqlite3.connect(tmp_path / "h.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+@pytest.mark.parametrize(
+    ("started", "invocation", "stored"),
+    [
+        pytest.param(100.4, "inv-1", 1, id="the same run, dated from its first line by an agent restarted after it: once"),
+        pytest.param(131.0, "inv-1", 2, id="the engine's next start in the same run (a wrapper's loop): stored"),
+        pytest.param(100.4, "inv-2", 2, id="another run at the same time: stored"),
+        pytest.param(100.4, "", 2, id="no invocation: only the same start time is the same start"),
+    ],
+)
+def test_a_start_is_the_same_start_by_its_invocation_and_time(tmp_path, started, invocation, stored):
+    history = History(tmp_path / "h.db")
+    assert history.record(replace(record(started=100.0, loading_weights=30.0), invocation="inv-1"))
+    history.record(replace(record(started=started, loading_weights=30.0), invocation=invocation))
+    assert len(history.recent("vllm.service")) == stored
 
 
 def test_old_starts_are_pruned(tmp_path):

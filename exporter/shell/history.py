@@ -13,7 +13,7 @@ from exporter.core.model import frozen_map
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 KEEP_PER_UNIT = 200  # starts kept per unit: enough for expectations, bounded on disk
 # The write-ahead log is copied into the file every WAL_PAGES pages written (SQLite's default is 1,000: 4 MiB)
 # and cut back to WAL_BYTES then (by default it is never cut): the state stays small on a small volume (a tmpfs,
@@ -49,6 +49,9 @@ MIGRATIONS = {
         ALTER TABLE attempts ADD COLUMN compile_cache TEXT NOT NULL DEFAULT '';
         CREATE INDEX attempts_by_unit ON attempts (unit, started);
     """,
+    3: """
+        ALTER TABLE attempts ADD COLUMN invocation TEXT NOT NULL DEFAULT '';
+    """,
 }
 
 
@@ -67,6 +70,7 @@ class AttemptRecord:
     compile_cache: str = ""  # "cold", "warm" or "" when the engine did not say
     failure_phase: str | None = None
     failure_reason: str | None = None
+    invocation: str = ""  # systemd's id of the unit's run, when it gave one
     phases: Mapping[str, float] = field(default_factory=frozen_map)
 
 
@@ -157,17 +161,29 @@ class History:
                 logger.info("history schema migrated from version %d to %d", step - 1, step)
 
     def record(self, attempt: AttemptRecord) -> bool:
-        """Store a finished start once; seeing it again (after a restart) stores nothing. True if new."""
+        """Store a finished start once; seeing it again (after a restart) stores nothing. True if new.
+
+        The same start is the same boot and monotonic start, or the same invocation over the same time: an agent
+        that saw its processes before its first line dates it from them, and one restarted after it, reading only
+        its lines, from its first line."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
+            ended = attempt.started if attempt.ended is None else attempt.ended
+            if attempt.invocation and db.execute(
+                "SELECT 1 FROM attempts WHERE unit = ? AND boot_id = ? AND invocation = ?"
+                " AND started <= ? AND ? <= COALESCE(ended, started)",
+                (attempt.unit, attempt.boot_id, attempt.invocation, ended, attempt.started),
+            ).fetchone():
+                db.execute("COMMIT")
+                return False
             cursor = db.execute(
                 "INSERT OR IGNORE INTO attempts (unit, boot_id, started_monotonic, started, ended, engine,"
-                " engine_version, model, fingerprint, compile_cache, outcome, failure_phase, failure_reason)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " engine_version, model, fingerprint, compile_cache, outcome, failure_phase, failure_reason,"
+                " invocation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (attempt.unit, attempt.boot_id, round(attempt.started_monotonic, 6), attempt.started, attempt.ended,
                  attempt.engine, attempt.engine_version, attempt.model, attempt.fingerprint, attempt.compile_cache,
-                 attempt.outcome, attempt.failure_phase, attempt.failure_reason),
+                 attempt.outcome, attempt.failure_phase, attempt.failure_reason, attempt.invocation),
             )
             if cursor.rowcount:
                 db.executemany(
@@ -190,7 +206,7 @@ class History:
         """The unit's latest finished starts, newest first."""
         rows = self._db.execute(
             "SELECT id, unit, boot_id, started_monotonic, started, ended, outcome, engine, engine_version, model,"
-            " fingerprint, compile_cache, failure_phase, failure_reason FROM attempts WHERE unit = ?"
+            " fingerprint, compile_cache, failure_phase, failure_reason, invocation FROM attempts WHERE unit = ?"
             " ORDER BY started DESC LIMIT ?",
             (unit, limit),
         ).fetchall()

@@ -127,5 +127,6 @@ class HistoryRecorder:
             compile_cache=attempt.compile_cache,
             failure_phase=str(attempt.last_startup_phase) if failed else None,
             failure_reason=str(attempt.reason) if failed and attempt.reason else None,
+            invocation=attempt.invocation,
             phases=frozen_map(expectations.phase_durations(attempt)),
         )
