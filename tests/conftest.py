@@ -185,3 +185,15 @@ def node(tmp_path) -> Iterator[Node]:
     runtimes = Node(tmp_path / "node")
     yield runtimes
     runtimes.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator:
+    """A 1 MiB tmpfs: a small state volume (an emptyDir with a sizeLimit), to fill."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=True)
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=True)

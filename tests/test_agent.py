@@ -47,10 +47,11 @@ class Clock:
 
 
 class FakeJournal:
-    """Hands over what the test queues; a unit's earlier lines are 'read' once the test says so."""
+    """Hands over what the test queues; a unit's earlier lines are 'read' once the test says so. Up at every drain,
+    as the reader says it is every time it has read the journal to its end."""
 
-    def __init__(self) -> None:
-        self.status = SourceStatus("journal", LOG, lambda: 0.0)
+    def __init__(self, wall=lambda: 0.0) -> None:
+        self.status = SourceStatus("journal", LOG, wall)
         self.status.ok()
         self.drained_cursor: str | None = None
         self.ready_units: frozenset[str] = frozenset()
@@ -65,6 +66,7 @@ class FakeJournal:
         pass
 
     def drain(self) -> list:
+        self.status.ok()
         out, self.queued = self.queued, []
         return out
 
@@ -125,11 +127,23 @@ class FakeGpu:
         self.latest: GpuReading | None = None
 
 
+class FakeJournald:
+    """journald as the test says it is: `why` it does not write the journal, "" when it does."""
+
+    def __init__(self) -> None:
+        self.why = ""
+        self.asked: list[dict[str, list[int]]] = []
+
+    def check(self, writers) -> str:
+        self.asked.append({unit: sorted(pids) for unit, pids in writers.items()})
+        return self.why
+
+
 def agent(config: Config = CONFIG, processes: FakeProcesses | None = None, recorder=None):
     clock = Clock()
-    journal, procs, gpu = FakeJournal(), processes or FakeProcesses(), FakeGpu()
+    journal, procs, gpu = FakeJournal(lambda: clock.t + 1.7e9), processes or FakeProcesses(), FakeGpu()
     return Agent(config, journal, procs, gpu, recorder, clock=clock, wall=lambda: clock.t + 1.7e9,
-                 stacks=FakeStacks()), clock
+                 stacks=FakeStacks(), journald=FakeJournald()), clock
 
 
 def view(snapshot, unit: str = U):
@@ -153,6 +167,28 @@ def test_a_unit_is_followed_from_its_lines_to_silence_to_a_stall() -> None:
     assert verdicts[-1] is Verdict.STALLED
     first = {v: verdicts.index(v) for v in verdicts}
     assert first[Verdict.PROGRESSING] < first[Verdict.SILENT_PROGRESS] < first[Verdict.STALLED]
+
+
+def test_a_stopped_journald_is_the_journals_outage_not_the_units(caplog) -> None:
+    caplog.set_level(logging.INFO)
+    a, clock = agent()
+    a.journal.ready_units = frozenset({U})
+    a.journal.queued = [LogLine(clock.t, U, "INFO 10-21 09:12:04 [api_server.py:1839] vLLM API server version 0.11.0")]
+    a.tick()
+    assert a.journald.asked[-1] == {}, "a unit heard this round is not asked about"
+    a.journald.why = "journald (pid 812) is stopped: nothing it is sent reaches the journal"
+    for _ in range(25):  # past the stall threshold, nothing moving
+        clock.t += 2
+        snapshot = a.tick()
+    assert a.journald.asked[-1] == {U: [42]}
+    assert (view(snapshot).verdict, view(snapshot).why) == (Verdict.UNKNOWN, f"its lines cannot be read: {a.journald.why}")
+    assert (snapshot.sources["journal"].up, snapshot.sources["journal"].why) == (False, a.journald.why)
+    assert f"journal source down: {a.journald.why}" in caplog.text
+    a.journald.why = ""  # journald again: the silence is the unit's own
+    clock.t += 2
+    snapshot = a.tick()
+    assert (view(snapshot).verdict, snapshot.sources["journal"].up) == (Verdict.STALLED, True)
+    assert "journal source up: journald writes the journal again" in caplog.text
 
 
 def test_the_process_side_waits_until_the_units_earlier_lines_are_read() -> None:
@@ -314,27 +350,13 @@ def test_an_exit_settles_a_start_only_once_the_journal_is_read_up_to_it(seen_bef
     assert (state.attempt.ended is None) is bool(after)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MiB tmpfs, to fill: a history on a disk that runs out of space."""
-    import os
-    import subprocess
-
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=True)
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=True)
-
-
-def test_a_full_disk_neither_freezes_the_agent_nor_loses_a_start(small_disk) -> None:
+def test_a_full_disk_neither_freezes_the_agent_nor_loses_a_start(small_disk, caplog) -> None:
     history = History(small_disk / "history.db")
     clock_box: list[Clock] = []
     a, clock = agent(recorder=HistoryRecorder(history, "boot-1", lambda: clock_box[0].t))
     clock_box.append(clock)
     a.journal.ready_units = frozenset({U})
+    a.processes.pids = frozenset()
     a.tick()
     filler = small_disk / "filler"
     with open(filler, "wb") as f:  # the disk fills up
@@ -344,18 +366,27 @@ def test_a_full_disk_neither_freezes_the_agent_nor_loses_a_start(small_disk) -> 
                 f.flush()
         except OSError:
             pass
-    a.journal.queued = [LogLine(clock.t, U, "vLLM API server version 0.11.0"),
-                        LogLine(clock.t + 5, U, "Application startup complete.")]
-    for _ in range(3):
+    for n in range(5):  # five starts end while nothing can be written, more than the two a unit's state keeps
+        a.journal.queued = [LogLine(clock.t + 1, U, "vLLM API server version 0.11.0", f"inv-{n}"),
+                            LogLine(clock.t + 2, U, OOM_LINE, f"inv-{n}")]
         clock.t += 10
         snapshot = a.tick()
+    a.journal.queued = [LogLine(clock.t + 1, U, "vLLM API server version 0.11.0", "inv-5"),
+                        LogLine(clock.t + 5, U, "Application startup complete.", "inv-5")]
+    clock.t += 10
+    snapshot = a.tick()
     assert view(snapshot).state.phase is Phase.READY  # published, though nothing could be written
     assert snapshot.sources["history"].up is False
-    filler.unlink()  # space again: the start not recorded before is recorded now
+    [said] = [r.message for r in caplog.records if "cannot write" in r.message]
+    assert re.search(rf"cannot write {small_disk}/history.db: database or disk is full \(\d+ KiB free there\)", said)
+    filler.unlink()  # space again: every start not recorded before is recorded now
     clock.t += 10
     snapshot = a.tick()
     assert snapshot.sources["history"].up is True
-    assert [r.outcome for r in history.recent(U)] == ["ready"]
+    assert sorted((r.outcome, r.failure_reason) for r in history.recent(U)) == [
+        *[("failed", "cuda_oom")] * 5, ("ready", None)]
+
+
 # --- containers: discovered, named, folded and forgotten like units ------------------------------
 
 POD = "llm/vllm-0/vllm"
@@ -408,7 +439,7 @@ class ContainerProcesses(FakeProcesses):
 def container_agent(config: Config, present: dict[str, Container], cmdlines: dict[str, str]):
     clock = Clock()
     containers = FakeContainers(present)
-    a = Agent(config, FakeJournal(), ContainerProcesses(cmdlines), FakeGpu(), clock=clock, wall=lambda: clock.t + 1.7e9,
+    a = Agent(config, FakeJournal(lambda: clock.t + 1.7e9), ContainerProcesses(cmdlines), FakeGpu(), clock=clock, wall=lambda: clock.t + 1.7e9,
               containers=containers)
     a.journal.ready_units = frozenset({POD, "sidecar", "vllm"})
     return a, clock, containers

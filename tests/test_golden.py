@@ -191,7 +191,7 @@ SNAPSHOT = Snapshot(
     units=(_compiling(), _loading(), _failed(), _ready(), UnitView(UnitState("ollama.service", "ollama"), Verdict.INACTIVE),
            _spinning()),
     sources=frozen_map({"journal": SourceHealth(True, WALL + 999.5), "processes": SourceHealth(True, WALL + 998.0),
-                        "gpu": SourceHealth(False, WALL + 980.0), "stacks": SourceHealth(True, WALL + 999.0)}),
+                        "gpu": SourceHealth(False, WALL + 980.0, "no word from it for 20 s"), "stacks": SourceHealth(True, WALL + 999.0)}),
     gpus=(Gpu("0", "GPU-0f3c9a64-1b2e-4d1a-9c55-6b0e7d4a2f10", "NVIDIA H200", "00000000:3B:00.0", 0.97),
           Gpu("1", "GPU-7e21b3d8-55c0-4e8f-a0d2-19f4c3b6e8a7", "NVIDIA H200", "00000000:5D:00.0", None)),
     xid_errors=frozen_map({("1", 79): 2}),

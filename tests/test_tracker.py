@@ -25,7 +25,7 @@ from exporter.core.model import (
     Verdict,
     XidError,
 )
-from exporter.core.tracker import advance, judge
+from exporter.core.tracker import advance, assess, judge
 
 VLLM = grammar.load("vllm")
 LIMITS = Limits(silence=60, stall=300, stale=6, gpu=True)
@@ -150,6 +150,29 @@ TO_COMPILE = [
 )
 def test_judge(observations, now, want):
     assert judge(fold(observations), now, LIMITS) is want
+
+
+STILL = [*TO_COMPILE, *(procs(t, 10, cpu=30) for t in range(30, 331, 10))]
+JOURNALD_STOPPED = "journald (pid 812) is stopped: nothing it is sent reaches the journal"
+
+
+@pytest.mark.parametrize(
+    ("observations", "now", "unheard", "want"),
+    [
+        pytest.param(STILL, 330, "", Verdict.STALLED, id="heard, nothing moves: stalled"),
+        pytest.param(STILL, 330, JOURNALD_STOPPED, Verdict.UNKNOWN,
+                     id="journald stopped: its silence may be the journal's, unknown, never stalled"),
+        pytest.param([*TO_COMPILE, procs(200, 10, 11, cpu=400), procs(202, 10, cpu=420)], 203, JOURNALD_STOPPED,
+                     Verdict.UNKNOWN, id="working without a line while journald is stopped: unknown, not silent"),
+        pytest.param(TO_COMPILE, 25, JOURNALD_STOPPED, Verdict.PROGRESSING, id="a line within the threshold still says"),
+        pytest.param([*TO_COMPILE, line(30, "INFO:     Application startup complete.")], 400, JOURNALD_STOPPED,
+                     Verdict.READY, id="a ready server stays ready"),
+    ],
+)
+def test_a_unit_the_journal_cannot_hear(observations, now, unheard, want):
+    verdict, why = assess(fold(observations), now, LIMITS, unheard=unheard)
+    assert verdict is want
+    assert (JOURNALD_STOPPED in why) is (want is Verdict.UNKNOWN)
 
 
 def test_phases_follow_the_markers_and_never_go_back():

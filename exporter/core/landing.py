@@ -43,6 +43,7 @@ h1 { font-size: 20px; } h2 { font-size: 16px; margin: 0 0 .3em; }
 .gap { position: absolute; top: 0; bottom: 0; background: repeating-linear-gradient(45deg, rgba(0,0,0,.35) 0 4px, transparent 4px 9px); border-left: 2px solid #000; }
 .label { font-size: 12px; color: #555; }
 .stuck { font-family: ui-monospace, monospace; font-size: 12px; margin: -.4em 0 .8em; color: #7a2a1f; }
+.down { color: #7a2a1f; max-width: 70em; }
 .legend span { display: inline-block; margin-right: 1em; font-size: 12px; }
 .legend i { display: inline-block; width: .9em; height: .9em; margin-right: .3em; vertical-align: -1px; border-radius: 2px; }
 """
@@ -56,9 +57,16 @@ def render(snapshot: Snapshot) -> str:
         f"<title>llmstartup</title><style>{STYLE}</style></head><body>"
         f"<h1>llmstartup {escape(__version__)}</h1>"
         "<p><a href='/metrics'>Metrics</a> · <a href='/api/v1/units'>/api/v1/units</a> · refreshes every 5 s</p>"
-        f"{units}<p class='legend'>{legend}<span><i class='gap' style='position:static'></i>silent gap</span></p>"
+        f"{_down(snapshot)}{units}<p class='legend'>{legend}<span><i class='gap' style='position:static'></i>silent gap</span></p>"
         "</body></html>"
     )
+
+
+def _down(snap: Snapshot) -> str:
+    """The sources that are down, with why: the evidence the verdicts below lack."""
+    down = [f"<b>{escape(name)}</b>" + (f": {escape(health.why)}" if health.why else "")
+            for name, health in sorted(snap.sources.items()) if not health.up]
+    return f"<p class='down'>Source down: {'; '.join(down)}</p>" if down else ""
 
 
 def _unit(view: UnitView, snap: Snapshot) -> str:

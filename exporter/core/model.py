@@ -521,6 +521,7 @@ class UnitView:
 class SourceHealth:
     up: bool
     last_success: float | None = None  # wall-clock seconds
+    why: str = ""  # why it is down
 
 
 @dataclass(frozen=True, slots=True)

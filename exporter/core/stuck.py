@@ -21,6 +21,7 @@ WAITS: tuple[tuple[str, str], ...] = (
     ("do_select", "the network or a pipe"),
     ("do_sys_poll", "the network or a pipe"),
     ("pipe_read", "a pipe"),
+    ("sock_alloc_send_pskb", "room to write to a socket: its output to journald, when journald does not read it"),
     ("unix_stream", "a local socket"),
     ("sk_wait_data", "the network"),
     ("inet_csk_accept", "a connection"),

@@ -499,12 +499,13 @@ def _resumed(state: UnitState, resumed: Resumed) -> UnitState:
                   rss_at_last_move=resumed.sample.rss_bytes)
 
 
-def judge(state: UnitState, now: float, limits: Limits, ceiling: float | None = None) -> Verdict:
+def judge(state: UnitState, now: float, limits: Limits, ceiling: float | None = None, unheard: str = "") -> Verdict:
     """The verdict of `assess`, without its reason."""
-    return assess(state, now, limits, ceiling)[0]
+    return assess(state, now, limits, ceiling, unheard)[0]
 
 
-def assess(state: UnitState, now: float, limits: Limits, ceiling: float | None = None) -> tuple[Verdict, str]:
+def assess(state: UnitState, now: float, limits: Limits, ceiling: float | None = None,
+           unheard: str = "") -> tuple[Verdict, str]:
     """Progressing, silent but alive, stalled, or unknown when the evidence cannot say; and, for stalled
     and unknown, what the verdict rests on.
 
@@ -515,6 +516,9 @@ def assess(state: UnitState, now: float, limits: Limits, ceiling: float | None =
 
     `ceiling`: how long this unit's current phase has ever been allowed to take (from its history);
     past it, a unit in which only CPU moves is stalled whatever the stacks say.
+
+    `unheard`: why the unit's lines cannot be read now (the journal is down, journald stopped), "" when they
+    can: its silence may then be the journal's, and a silent unit is unknown, never stalled.
     """
     attempt = state.attempt
     if attempt is None or (attempt.ended is not None and attempt.phase is not Phase.FAILED):
@@ -528,6 +532,8 @@ def assess(state: UnitState, now: float, limits: Limits, ceiling: float | None =
     spoke = attempt.started if state.last_log is None else max(state.last_log, attempt.started)
     if now - spoke < limits.silence:
         return Verdict.PROGRESSING, ""
+    if unheard:
+        return Verdict.UNKNOWN, f"its lines cannot be read: {unheard}"
     # Silence alone proves nothing (journald drops, \r bars, stopped streams): ask the process side.
     if state.last_process is None or now - state.last_process.t > limits.stale:
         return Verdict.UNKNOWN, "no fresh sample of its processes"

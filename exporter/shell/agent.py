@@ -21,6 +21,7 @@ from exporter.core.model import (
     ProcessSample,
     Resumed,
     Snapshot,
+    SourceHealth,
     StackSample,
     UnitState,
     UnitView,
@@ -57,6 +58,12 @@ class JournalFeed(Protocol):
     def watch(self, units: Iterable[str]) -> None: ...
     def drain(self) -> list[Observation | XidError]: ...
     def settle(self, timeout: float) -> None: ...  # wait until a drain is worth a round
+
+
+class JournaldFeed(Protocol):
+    """What the agent watches journald itself through (exporter.sources.journald.JournaldWatch)."""
+
+    def check(self, writers: Mapping[str, Iterable[int]]) -> str: ...  # why it does not write the journal, or ""
 
 
 class ProcessFeed(Protocol):
@@ -107,11 +114,14 @@ class Agent:
         restored: Checkpoint | None = None,
         containers: ContainerFeed | None = None,
         stacks: StackFeed | None = None,
+        journald: JournaldFeed | None = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
         self.journal, self.processes, self.gpu, self.containers = journal, processes, gpu, containers
         self.stacks = stacks
+        self.journald = journald
+        self.journald_status = SourceStatus("journal", logger, wall)  # journald itself; the reader has its own
         self.identities: dict[str, Container] = {}  # the units that are containers (the last seen of each)
         self.present: dict[str, Container] = {}  # the containers on the host now, as the flags select them
         self._looked_at: set[str] = set()  # containers (ids) whose command lines were read
@@ -148,8 +158,10 @@ class Agent:
         self.journal.watch(units)
         if self.containers:
             self.containers.follow(units)
-        # 1. Processes before the logs: a line written before the sample is then read this round.
+        # 1. Processes before the logs: a line written before the sample is then read this round. journald itself:
+        #    stopped, or not reading what the units write, the units' silence is the journal's.
         samples = self._sample(units, t)
+        self._watch_journald(samples, t)
         # 2. A unit's process side waits until its earlier lines are read, so that the fold stays in
         #    time order; asked before draining, so that those lines are surely in this round's drain: the
         #    units whose earlier lines are read, and how far the journal is read.
@@ -322,6 +334,42 @@ class Agent:
                 ready.append(held.pop(0))
         return ready
 
+    def _watch_journald(self, samples: Mapping[str, ProcessSample], t: float) -> None:
+        """Whether journald writes the journal; asked of the processes of the units it should hear (not the
+        containers: their output is read from files) that have not been heard for a round."""
+        if self.journald is None:
+            return
+        quiet = {unit for unit, state in self.states.items()
+                 if state.last_log is None or t - state.last_log >= self.config.interval}
+        why = self.journald.check({unit: [pid for pid, _ in sample.ids] for unit, sample in samples.items()
+                                   if unit in quiet and unit not in self.identities and unit not in self.present})
+        if why:
+            self.journald_status.down(why)
+        elif self.journald_status.failing:
+            self.journald_status.ok("journald writes the journal again")
+
+    def _sources(self, now: float) -> dict[str, SourceHealth]:
+        """Each source's health at wall time `now`; the journal's is the reader's and journald's own."""
+        journal = self.journal.status.health
+        if self.journald_status.failing:
+            journal = replace(self.journald_status.health, last_success=journal.last_success)
+        sources = {"journal": journal, "processes": self.processes_status.health}
+        if self.gpu:
+            sources["gpu"] = self.gpu.status.health
+        if self.recorder and not self.recorder.history.readonly:
+            sources["history"] = self.recorder.status.health
+        if self.containers:
+            sources["containers"] = self.containers.status.health
+        if self.stacks and self.config.stacks:
+            sources["stacks"] = self.stacks.status.health
+        # A source whose last success is stale is down, even if its thread is stuck inside a call
+        # that has not failed yet (an NVML call can block for minutes).
+        return {
+            name: h if h.last_success is None or now - h.last_success <= self.limits.stale
+            else replace(h, up=False, why=h.why or f"no word from it for {now - h.last_success:.0f} s")
+            for name, h in sources.items()
+        }
+
     def _sample(self, units: Iterable[str], t: float) -> dict[str, ProcessSample]:
         try:
             samples = self.processes.sample(units, t)
@@ -362,6 +410,9 @@ class Agent:
         return list(faults)
 
     def _publish(self, units: list[str], t: float, offset: float) -> Snapshot:
+        sources = self._sources(t + offset)
+        journal = sources["journal"]
+        unheard = journal.why if not journal.up else ""  # the units' silence may be the journal's
         before = {view.state.unit: view for view in self.snapshot.units}
         views = []
         for unit in units:
@@ -370,30 +421,14 @@ class Agent:
             ceiling = expectations.ceiling(expected, state.phase)
             if unit in self.present:
                 self.identities[unit] = self.present[unit]
-            verdict, why = assess(state, t, self.limits, ceiling)
-            view = UnitView(state, verdict, expected, self.identities.get(unit), why,
-                            stuck.where(state, verdict, t, self.limits))
+            container = self.identities.get(unit)  # its lines come from its log files, not the journal
+            verdict, why = assess(state, t, self.limits, ceiling, "" if container else unheard)
+            view = UnitView(state, verdict, expected, container, why, stuck.where(state, verdict, t, self.limits))
             old = before.get(unit)
             if old is None or old.state.phase is not state.phase or old.verdict is not view.verdict:
                 logger.info("unit=%s phase=%s verdict=%s%s", unit, state.phase, view.verdict,
                             f" why={view.why!r}" if view.why else "")
             views.append(view)
-        sources = {"journal": self.journal.status.health, "processes": self.processes_status.health}
-        if self.gpu:
-            sources["gpu"] = self.gpu.status.health
-        if self.recorder and not self.recorder.history.readonly:
-            sources["history"] = self.recorder.status.health
-        if self.containers:
-            sources["containers"] = self.containers.status.health
-        if self.stacks and self.config.stacks:
-            sources["stacks"] = self.stacks.status.health
-        now = t + offset
-        # A source whose last success is stale is down, even if its thread is stuck inside a call
-        # that has not failed yet (an NVML call can block for minutes).
-        sources = {
-            name: h if h.last_success is None or now - h.last_success <= self.limits.stale else replace(h, up=False)
-            for name, h in sources.items()
-        }
         reading = self.gpu.latest if self.gpu else None
         return Snapshot(
             t=t,

@@ -19,6 +19,7 @@ from exporter.sources.containers import ContainerSource
 from exporter.sources.gpu import GpuSource
 from exporter.sources.journal import JournalPlace
 from exporter.sources.journal_process import JournalSource
+from exporter.sources.journald import JournaldWatch
 from exporter.sources.processes import ProcessSource, find_cgroup2_root
 from exporter.sources.stacks import StackSource
 
@@ -59,12 +60,13 @@ class Runtime:
         recorder = HistoryRecorder(history, boot_id(), time.monotonic) if history else None
         known = recorder.checkpoint() if recorder else None  # what the agent before this one knew
         resume = (known.cursor, frozenset(known.states)) if known and known.cursor else None
-        journal = JournalSource(JournalPlace(config.namespace, config.directory), resume=resume)
+        place = JournalPlace(config.namespace, config.directory)
+        journal = JournalSource(place, resume=resume)
         containers = ContainerSource(config.pods, config.docker) if config.pods or config.docker else None
         # always there: where a silent unit's processes wait is read from /proc even without stacks
         stacks = StackSource(config.interval, config.stack_every, python=config.stacks)
         agent = Agent(config, journal, ProcessSource(cgroup_root), gpu, recorder, restored=known if resume else None,
-                      containers=containers, stacks=stacks)
+                      containers=containers, stacks=stacks, journald=JournaldWatch(place))
         journal.start()
         if gpu:
             gpu.start()

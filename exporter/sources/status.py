@@ -40,4 +40,4 @@ class SourceStatus:
                 self._logger.warning("%s source down: %s", self.name, why)
         self._failing = True
         self.absent = why if absent else None
-        self.health = SourceHealth(up=False, last_success=self.health.last_success)
+        self.health = SourceHealth(up=False, last_success=self.health.last_success, why=why)
