@@ -134,6 +134,7 @@ class Agent:
         self.processes_status = SourceStatus("processes", logger, wall)
         self._discovered_at: float | None = None
         self._held: dict[str, list[ProcessSample]] = {}  # unit → its samples the journal is not read up to yet
+        self._sampled: set[str] = set()  # units with a sample of this agent's folded
         self._caught_up: frozenset[str] = frozenset()  # units whose state the last round's drain completed
         self._xids_seen: float | None = None  # the GPU reading whose Xid events are counted
         self.xid_tally = xids.XidTally()
@@ -231,9 +232,7 @@ class Agent:
         if self.journal.status.failing:  # nothing to wait for
             return True
         units = self.names.units
-        return set(units) <= self.journal.ready_units and (
-            self.processes_status.failing
-            or all((state := self.states.get(u)) is not None and state.last_process is not None for u in units))
+        return set(units) <= self.journal.ready_units and (self.processes_status.failing or set(units) <= self._sampled)
 
     def run(self, stop: threading.Event) -> None:
         """Tick every sample interval until `stop` is set; a failing tick is logged, not fatal."""
@@ -329,9 +328,10 @@ class Agent:
             if unit in caught_up:
                 self._held.setdefault(unit, []).append(sample)
         ready = []
-        for held in self._held.values():
+        for unit, held in self._held.items():
             while held and (len(held) > HELD_MAX or held[0].t <= through and (held[0].ids or held[0].t < t)):
                 ready.append(held.pop(0))
+                self._sampled.add(unit)
         return ready
 
     def _watch_journald(self, samples: Mapping[str, ProcessSample], t: float) -> None:
