@@ -284,7 +284,8 @@ class Soak:
                            state / "state.db", logs)
         self.scraper = Scraper(self.agent)
         self.windows: list[Window] = []
-        self.bursts: list[tuple[int, int, int]] = []  # (answered, of, RSS after in bytes)
+        self.bursts: list[tuple[int, int, int]] = []  # the ten at the end: (answered, of, RSS after in bytes)
+        self.first_bursts: dict[int, tuple[int, int]] = {}  # agent pid → RSS before and after its first burst
         self.burst_latencies: list[float] = []
         self.memory_before = 0
         self.pss_after = 0
@@ -321,6 +322,7 @@ class Soak:
         window.ended = time.monotonic()
 
     def burst(self) -> tuple[int, int]:
+        pid, before = self.agent.pid, rss_bytes(self.agent.pid)
         barrier = threading.Barrier(BURST)
         answered: list[float] = []
 
@@ -335,6 +337,9 @@ class Soak:
         for thread in threads:
             thread.join(30)
         self.burst_latencies += answered
+        if pid not in self.first_bursts:
+            time.sleep(1.0)
+            self.first_bursts[pid] = (before, rss_bytes(pid))
         return len(answered), BURST
 
     def stop_journald(self, seconds: float) -> None:
@@ -538,6 +543,9 @@ class Report:
         self.figures.update(rss_before_mib=soak.memory_before / MiB, rss_after_bursts_mib=[r / MiB for r in rss],
                             pss_after_mib=soak.pss_after / MiB)
         series = " ".join(f"{r / MiB:.1f}" for r in rss)
+        for before, after in soak.first_bursts.values():
+            self.held.append(f"an agent's first burst: RSS {before / MiB:.1f} → {after / MiB:.1f} MiB "
+                             f"({(after - before) / MiB:+.1f})")
         self.held.append(f"RSS before the ten bursts {soak.memory_before / MiB:.1f} MiB, after each: {series} MiB; "
                          f"PSS of the agent and its child after them {soak.pss_after / MiB:.1f} MiB (goal 40)")
         # the first burst may grow the allocator's arenas once; the nine after it must not keep growing them
