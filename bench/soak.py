@@ -458,7 +458,7 @@ class Report:
     def _compare(self, soak: Soak, final: str) -> None:
         from prometheus_client.parser import text_string_to_metric_families
 
-        from exporter.shell.history import History
+        from exporter.shell.history import KEEP_PER_UNIT, History
 
         samples = [s for family in text_string_to_metric_families(final) for s in family.samples]
         truth = printed(soak)
@@ -483,7 +483,9 @@ class Report:
                     self._check(failures == reasons, f"{name}: failures_total by reason {dict(failures)}, "
                                                      f"printed {dict(reasons)}")
                 stored = Counter((r.outcome, r.failure_reason) for r in history.recent(unit, limit=10_000))
-                self._check(stored == Counter(made), f"{name}: history {_pairs(stored)}, made {_pairs(Counter(made))}")
+                kept = Counter(made[-KEEP_PER_UNIT:])  # the history keeps a unit's latest starts
+                self._check(stored == kept, f"{name}: history {_pairs(stored)}, made {_pairs(kept)}"
+                                            + (f" (the latest {KEEP_PER_UNIT} of {len(made)})" if len(made) > KEEP_PER_UNIT else ""))
         finally:
             history.close()
         self._scrapes(soak)
