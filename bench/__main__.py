@@ -1,4 +1,5 @@
-"""`.venv/bin/python -m bench`: every benchmark of bench/README.md, in about 20 minutes, as root.
+"""`.venv/bin/python -m bench`: every benchmark of bench/README.md, in about 20 minutes, as root (the soak,
+`python -m bench.soak --minutes N`, is separate: it runs as long as it is told).
 
 Each figure is printed with the reference it is measured against in the same run, and the ratio;
 nothing is asserted. Exits 0 when every benchmark ran (whether or not its goal was met), 1 when one

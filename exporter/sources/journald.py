@@ -23,7 +23,7 @@ COMM = "systemd-journal"  # systemd-journald, as the kernel cuts a command's nam
 SENDING = ("sock_alloc_send_pskb", "unix_stream_sendmsg", "sock_wait_for_wmem")
 WRITER_WAITS = 3.0  # seconds a unit's process waits to write to its stream before journald counts as not reading
 DISK_WAITS = 10.0  # seconds journald may stay in uninterruptible sleep (its disk) before it counts as hung
-RESCAN = 5.0  # seconds between looks for journald's process while none is known
+RESCAN = 30.0  # seconds between looks through /proc for journald's process while none is known
 
 
 class JournaldWatch:
