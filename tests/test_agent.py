@@ -146,6 +146,14 @@ def agent(config: Config = CONFIG, processes: FakeProcesses | None = None, recor
                  stacks=FakeStacks(), journald=FakeJournald()), clock
 
 
+def recording(path):
+    """An agent whose recorder writes the history at `path`, on the agent's own clock; the agent, clock and history."""
+    clock_box: list[Clock] = []
+    a, clock = agent(recorder=HistoryRecorder(History(path), "boot-1", lambda: clock_box[0].t))
+    clock_box.append(clock)
+    return a, clock, a.recorder.history
+
+
 def view(snapshot, unit: str = U):
     return next(v for v in snapshot.units if v.state.unit == unit)
 
@@ -257,11 +265,7 @@ def test_an_xid_seen_by_the_kernel_and_by_nvml_counts_once_and_fails_the_start_i
 
 
 def test_a_finished_start_is_stored_once_whatever_the_rounds(tmp_path) -> None:
-    history = History(tmp_path / "history.db")
-    clock_box: list[Clock] = []
-    recorder = HistoryRecorder(history, "boot-1", lambda: clock_box[0].t)
-    a, clock = agent(recorder=recorder)
-    clock_box.append(clock)
+    a, clock, history = recording(tmp_path / "history.db")
     a.journal.ready_units = frozenset({U})
     a.journal.queued = [LogLine(clock.t, U, "vLLM API server version 0.11.0"),
                         LogLine(clock.t + 5, U, "Application startup complete.")]
@@ -276,10 +280,7 @@ def test_a_finished_start_is_stored_once_whatever_the_rounds(tmp_path) -> None:
 def test_every_start_a_round_reads_is_stored_though_the_state_keeps_two(tmp_path) -> None:
     """A paused agent, or one restarted after a crash loop, reads several starts of a unit in one round: those
     that passed through its state in the fold are stored too, not only the last two the state keeps."""
-    history = History(tmp_path / "history.db")
-    clock_box: list[Clock] = []
-    a, clock = agent(recorder=HistoryRecorder(history, "boot-1", lambda: clock_box[0].t))
-    clock_box.append(clock)
+    a, clock, history = recording(tmp_path / "history.db")
     a.journal.ready_units = frozenset({U})
     a.processes.pids = frozenset()
     a.journal.queued = [line for n in range(4) for line in (
@@ -351,10 +352,7 @@ def test_an_exit_settles_a_start_only_once_the_journal_is_read_up_to_it(seen_bef
 
 
 def test_a_full_disk_neither_freezes_the_agent_nor_loses_a_start(small_disk, caplog) -> None:
-    history = History(small_disk / "history.db")
-    clock_box: list[Clock] = []
-    a, clock = agent(recorder=HistoryRecorder(history, "boot-1", lambda: clock_box[0].t))
-    clock_box.append(clock)
+    a, clock, history = recording(small_disk / "history.db")
     a.journal.ready_units = frozenset({U})
     a.processes.pids = frozenset()
     a.tick()
