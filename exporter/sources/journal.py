@@ -127,6 +127,7 @@ class Follower:
                     batch += to_observations(fields, t, self.units)
                     if len(batch) >= BATCH:  # keep each message small; the cursor says how far
                         self._hand_over(batch, reader)
+                        self._send("through", t)  # a journal written faster than it is read: as far as it is
                         batch = []
                 self._hand_over(batch, reader)
                 self._send("through", looked)

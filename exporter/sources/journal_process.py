@@ -188,7 +188,7 @@ class JournalSource:
             if why:
                 logger.warning("journal: %s", why)
         elif kind == "through":
-            self.read_through = payload  # type: ignore[assignment]
+            self.read_through = max(self.read_through, payload)  # type: ignore[call-overload]
         elif kind == "ready":
             self.ready_units = payload  # type: ignore[assignment]
         elif kind == "ok":
