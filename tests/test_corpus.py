@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporter.core import formats
+from exporter.core.entries import log_lines
+from exporter.core.formats import Format, paste
 from exporter.shell import cli
 from exporter.sources import saved_log
 
@@ -136,6 +139,28 @@ def test_every_case_is_read_right(request):
     assert not wrong, f"{len(wrong)} of {len(results)} corpus cases misread:\n" + "\n".join(
         f"  {name}: {'; '.join(found)}" for name, found in sorted(wrong.items())
     )
+
+
+JOURNALS = (Format.SHORT, Format.SHORT_PRECISE, Format.SHORT_ISO)  # journalctl's text: what the agent reads live
+
+
+def test_paste_repair_changes_no_line_a_journal_holds():
+    """The live agent never repairs a paste (formats.paste): in every corpus case that is a journal, each line the
+    journal held gives the live path the same records with replay's repair as without; the repair only ever takes
+    off what a page or a terminal put around the log (fences, quotes, line numbers)."""
+    journals = 0
+    for case in cases():
+        lines = case.log.read_bytes().splitlines(keepends=True)
+        if frame := paste.frame(lines[:50]):
+            lines = list(paste.unframed(lines, frame))
+        if (fmt := formats.detect(lines[:50])) not in JOURNALS:
+            continue
+        journals += 1
+        for _, fields in formats.entries(lines, fmt, year=2025):
+            if "SYSLOG_IDENTIFIER" in fields:  # a journal's line, not the paste's own (a fence, a note)
+                live = log_lines(fields["MESSAGE"], 0.0, "unit")
+                assert log_lines(paste.repaired(fields)["MESSAGE"], 0.0, "unit") == live, case.name
+    assert journals >= 50
 
 
 def test_a_case_replay_finds_nothing_in_is_a_miss_that_says_why(tmp_path):

@@ -31,7 +31,8 @@ import pytest
 
 from exporter.core import formats
 from exporter.core.entries import FIELDS, MessageId
-from exporter.core.formats import Format, entries, lifecycle_fields
+from exporter.core.formats import Format, entries
+from exporter.core.formats.short import lifecycle_fields
 from exporter.core.lines import clean_records
 from exporter.core.model import Lifecycle, LogLine, XidError
 from exporter.core.entries import to_observations
@@ -643,11 +644,11 @@ def test_systemds_own_lines_besides_pid_1s(line: bytes, want: dict) -> None:
     ],
 )
 def test_a_paste_quoted_whole_reads_as_itself(paste: list[bytes], whole: bool) -> None:
-    frame = formats.paste_frame(paste)
+    frame = formats.paste.frame(paste)
     assert (frame is not None) is whole
     if frame is not None:
         bare = [line.lstrip(b"> ") if line.strip() != b">" else b"\n" for line in paste]
-        assert list(formats.unframed(paste, frame)) == bare
+        assert list(formats.paste.unframed(paste, frame)) == bare
         assert formats.detect(bare) is Format.SHORT
 
 
@@ -667,10 +668,49 @@ def test_a_paste_quoted_whole_reads_as_itself(paste: list[bytes], whole: bool) -
     ],
 )
 def test_a_pastes_line_numbers_are_its_frame(paste: list[bytes], framed: bool) -> None:
-    frame = formats.paste_frame(paste)
+    frame = formats.paste.frame(paste)
     assert (frame is not None) is framed
     if frame is not None:
-        assert formats.detect(list(formats.unframed(paste, frame))) is Format.SHORT
+        assert formats.detect(list(formats.paste.unframed(paste, frame))) is Format.SHORT
+
+
+# What a page, a terminal or a wrapper leaves around the line an engine printed (formats.paste.unframe), as
+# (pasted, what the engine printed, why); replay repairs it, the live agent never does (test_journal_entries).
+PASTED = [
+    ('llm-api-ollama  | time=2024 level=INFO msg="Listening on [::]:11434"', 'time=2024 level=INFO msg="Listening on [::]:11434"',
+     "docker compose's service prefix"),
+    ("> main: couldn't bind HTTP server socket", "main: couldn't bind HTTP server socket", "a markdown quote"),
+    (">   | [2024-09-05T00:38:34Z] INFO:     Application startup complete.",
+     "[2024-09-05T00:38:34Z] INFO:     Application startup complete.", "a quoted table's pipe"),
+    ("│ INFO 03-21 20:15:46 [executor_base.py:111] # cuda blocks: 7191, # CPU blocks: 512      │",
+     "INFO 03-21 20:15:46 [executor_base.py:111] # cuda blocks: 7191, # CPU blocks: 512", "a terminal's box"),
+    ("(RayWorkerWrapper pid=1, ip=10.2.0.6) INFO 03-27 [worker.py:267] Memory profiling takes 4.26 seconds [repeated 30x across cluster]",
+     "(RayWorkerWrapper pid=1, ip=10.2.0.6) INFO 03-27 [worker.py:267] Memory profiling takes 4.26 seconds", "Ray's dedup suffix"),
+    ("Graph capturing finished in **17 secs**, took **0.55** GiB", "Graph capturing finished in 17 secs, took 0.55 GiB",
+     "markdown emphasis"),
+    ("    await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)",
+     "    await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)", "Python's own ** stays"),
+    ("#033[2m2024-04-18T22:45:31Z#033[0m #033[32m INFO#033[0m router: Connected", "2024-04-18T22:45:31Z  INFO router: Connected",
+     "CloudWatch's escaped colours"),
+    ("[1;36m(VllmWorker rank=0 pid=226)[0;0m INFO loading", "(VllmWorker rank=0 pid=226) INFO loading",
+     "colours that lost their ESC"),
+    ("INFO text_generation_router: router/src/[main.rs:329:](http://main.rs/x) Connected",
+     "INFO text_generation_router: router/src/main.rs:329: Connected", "a link a forum made of a file name"),
+    ("[[2025-11-19 14](tel:2025-11-19 14):41:27] INFO:     Started server process [1]",
+     "[2025-11-19 14:41:27] INFO:     Started server process [1]", "a phone's tel: link around a date and hour"),
+    ("`2024-09-23T12:00:00Z INFO x`", "2024-09-23T12:00:00Z INFO x", "stray backticks"),
+    ("(EngineCore_DP0 pid=2827) We recommend installing via `pip install torch-c-dlpack-ext`",
+     "(EngineCore_DP0 pid=2827) We recommend installing via `pip install torch-c-dlpack-ext`", "a code span's pair stays"),
+    ("| Model | Version | Status |", "| Model | Version | Status |", "Triton's own table stays"),
+    ("Loading safetensors checkpoint shards:  16% Completed | 6/37 [00:01<00:07,  3.95it/s]",
+     "Loading safetensors checkpoint shards:  16% Completed | 6/37 [00:01<00:07,  3.95it/s]", "a bar's own pipe stays"),
+]
+
+
+@pytest.mark.parametrize(("pasted", "printed"), [pytest.param(pasted, printed, id=why) for pasted, printed, why in PASTED])
+def test_replay_repairs_what_a_paste_did_to_a_line(pasted: str, printed: str) -> None:
+    [(_, fields)] = formats.read([], [pasted.encode() + b"\n"], unit=UNIT, year=2026)
+    assert fields["MESSAGE"] == printed
 
 
 def test_lifecycle_only_from_pid_1() -> None:
@@ -790,7 +830,7 @@ def test_container_log_files_give_docker_logs_lines_whole(name: str) -> None:
     ],
 )
 def test_cri_records(line: bytes, want: tuple | None) -> None:
-    record = formats.cri_record(line)
+    record = formats.containers.cri_record(line)
     assert (record and (pytest.approx(record.t, abs=1e-6), record.stream, record.text, record.partial)) == (
         want and (want[0], *want[1:])
     )
@@ -807,11 +847,11 @@ def test_cri_records(line: bytes, want: tuple | None) -> None:
     ],
 )
 def test_docker_json_records(line: bytes, want: tuple | None) -> None:
-    record = formats.docker_json_record(line)
+    record = formats.containers.docker_json_record(line)
     assert (record and (record.stream, record.text, record.partial)) == want
 
 
 def test_a_line_that_never_ends_is_cut_at_a_mebibyte() -> None:
     parts = [b"2026-11-29T12:00:01Z stdout P " + b"x" * 16384 + b"\n"] * 200 + [b"2026-11-29T12:00:02Z stdout F y\n"]
     got = list(entries(parts, Format.CRI, year=2026))
-    assert [len(f["MESSAGE"]) for _, f in got] == [formats.MAX_LINE] * 3 + [8 * 16384 + 1]
+    assert [len(f["MESSAGE"]) for _, f in got] == [formats.containers.MAX_LINE] * 3 + [8 * 16384 + 1]

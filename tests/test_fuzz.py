@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.core import formats, grammar, replay, report, tracker
 from exporter.shell.exposition import Exposition
-from exporter.core.formats import Format
+from exporter.core.formats import Format, paste
 from exporter.core.lines import MAX_RECORD, clean_records, redraw_ages
 from exporter.core.model import (
     STARTUP_ORDER,
@@ -204,6 +204,15 @@ def test_one_mebibyte_lines(seed: str, separator: str, as_bytes: bool) -> None:
     _check_records(records)  # how fast: bench/lines.py
 
 
+@FUZZ
+@given(st.one_of(st.binary(max_size=2000), TEXT, st.text(alphabet="*`>│| [](:x#033^m\r\n", max_size=300)))
+@example("**a " * 2000)  # strong emphasis that never closes, past MAX_RECORD
+def test_paste_repair_takes_anything(message: str | bytes) -> None:
+    repaired = paste.repaired({"MESSAGE": message})["MESSAGE"]
+    assert isinstance(repaired, (str, bytes)) and len(repaired) <= len(message)
+    _check_records(clean_records(repaired))
+
+
 # ---- (b) grammars -------------------------------------------------------------------------------
 
 
@@ -319,7 +328,7 @@ def test_detect_takes_any_lines(lines: list[bytes]) -> None:
 @FUZZ
 @given(st.text(max_size=300))
 def test_lifecycle_fields_take_any_text(message: str) -> None:
-    found = formats.lifecycle_fields(message)
+    found = formats.short.lifecycle_fields(message)
     assert found is None or all(isinstance(v, str) for v in found.values())
 
 

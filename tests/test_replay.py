@@ -199,7 +199,7 @@ def replayed(text: str, unit: str = "pasted.service", year: int = 2025) -> list[
 
     lines = io.BytesIO(text.encode()).readlines()  # lines end at \n only, as replay reads a file: a \r is a redraw
     run = Replay(None, Limits(silence=60.0))
-    run.feed(formats.entries(lines, formats.detect(lines[:50]), unit=unit, year=year))
+    run.feed(formats.read(lines[:50], lines, unit=unit, year=year))
     return [document(r) for r in run.results()]
 
 

@@ -137,6 +137,21 @@ class Silent:
     unless: re.Pattern[str] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A time the engine prints at the head of its own lines, by which a saved log is dated
+    (exporter.core.formats.clock): named groups year (absent: the log's year), month, day, hour, minute, second,
+    fraction and zone (absent: the log's zone)."""
+
+    pattern: re.Pattern[bytes]
+    # The head is the engine's alone, and looks like a journal's or a container runtime's prefix (TGI's
+    # `TIME  LEVEL target: `, journalctl's `TIME host ident: ` where a page collapsed two spaces into one).
+    own: bool = False
+
+
+TIME_PARTS = frozenset({"year", "month", "day", "hour", "minute", "second", "fraction", "zone"})
+
+
 @dataclass(frozen=True)  # not slots: `screen` is cached on the instance
 class Grammar:
     engine: str
@@ -152,6 +167,7 @@ class Grammar:
     embeds: tuple[str, ...] = ()
     own: int = 0
     silent: tuple[Silent, ...] = ()  # phases it goes through without a line, in the order it goes through them
+    times: tuple[Layout, ...] = ()
 
     @functools.cached_property
     def fixed_matches(self) -> tuple[Match | None, ...]:
@@ -192,6 +208,7 @@ def parse(engine: str, text: str) -> Grammar:
             mentions=re.compile("|".join(data["mentions"])) if data.get("mentions") else None,
             embeds=tuple(data.get("embeds", [])),
             silent=tuple(_silent(n, raw) for n, raw in enumerate(data.get("silent", []), 1)),
+            times=tuple(_layout(n, t) for n, t in enumerate(data.get("time", []), 1)),
         )
     except (tomllib.TOMLDecodeError, re.error, ValueError, KeyError) as error:
         raise GrammarError(f"grammar {engine}: {error}") from error
@@ -267,6 +284,13 @@ def skipped(grammar: Grammar, record: str) -> frozenset[Phase]:
     """The silent phases a launching line says the start goes without (vLLM's config: enforce_eager=True)."""
     message = grammar.message(record)
     return frozenset(s.phase for s in grammar.silent if s.unless is not None and s.unless.search(message))
+
+
+def _layout(number: int, raw: Mapping[str, object]) -> Layout:
+    pattern = re.compile(str(raw.get("match", "")).encode())
+    if not {"month", "day", "hour", "minute", "second"} <= set(pattern.groupindex) <= TIME_PARTS:
+        raise ValueError(f"time {number}: groups {sorted(pattern.groupindex)} are not a time's")
+    return Layout(pattern, bool(raw.get("own", False)))
 
 
 def _cache(value: object) -> str | None:

@@ -1,6 +1,6 @@
 """`replay`: the same core fed from a saved log; each unit's last start as a timeline with its outcome.
 
-Pure: it takes (time, journal-like fields) pairs from exporter.core.formats or a journal file and folds them
+Pure: it takes (time, journal-like fields) pairs from exporter.core.formats.read or a journal file and folds them
 through `tracker.advance`, exactly as the agent folds the live journal, minus the process side.
 """
 
@@ -26,7 +26,7 @@ from exporter.core.model import (
 )
 from exporter.core.report import duration, gaps, iso, size, timeline
 from exporter.core.entries import container_name, to_observations
-from exporter.core.formats import COMMAND
+from exporter.core.formats.terminal import COMMAND
 from exporter.core.tracker import advance
 
 Fields = Mapping[str, Any]

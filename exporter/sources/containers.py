@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.core import formats
 from exporter.core.config import DOCKER, PODS
 from exporter.core.containers import START_SLACK, Container, PodLog, docker_run, kubelet_link, pod_log
 from exporter.core.entries import log_lines
-from exporter.core.formats import Record
+from exporter.core.formats.clock import rfc3339
+from exporter.core.formats.containers import Record, cri_record, docker_json_record, joined
 from exporter.core.model import Event, Lifecycle, Observation
 from exporter.sources.log_files import FollowedFile
 from exporter.sources.status import SourceStatus
@@ -47,7 +47,7 @@ class _Lines:
                 out.append(record)
                 continue
             before = self.pending.pop(record.stream, None)
-            waiting, text = formats.joined(before.text if before else b"", record)
+            waiting, text = joined(before.text if before else b"", record)
             if text is not None:
                 out.append(Record(record.t, record.stream, text, False))
             else:
@@ -103,7 +103,7 @@ class _PodFollower:
         self.pods = pods
         self.log = log
         self.directory = pods / log.directory
-        self.records = _Lines(formats.cri_record)
+        self.records = _Lines(cri_record)
         self._file: FollowedFile | None = None
 
     def read(self) -> list[tuple[Record, str]]:
@@ -169,8 +169,8 @@ def _docker_state(config: dict) -> _DockerState | None:  # type: ignore[type-arg
         name=name.lstrip("/"),
         # Docker counts a container waiting to be restarted as running (Restarting too): its run has ended
         running=bool(state.get("Running")) and not state.get("Restarting"),
-        started=formats.rfc3339(started_text),
-        finished=formats.rfc3339(str(state.get("FinishedAt") or "")),  # the zero time "0001-01-01…" is none
+        started=rfc3339(started_text),
+        finished=rfc3339(str(state.get("FinishedAt") or "")),  # the zero time "0001-01-01…" is none
         exit_code=int(state.get("ExitCode") or 0),
         oom_killed=bool(state.get("OOMKilled")),
         started_text=started_text,
@@ -196,7 +196,7 @@ class _DockerContainer:
     accounted: _DockerState | None = None  # the state its runs and ends were last told from
     runs: tuple[tuple[float, str], ...] = ()  # (from when, run), wall clock: containers.docker_run
     file: FollowedFile | None = None
-    records: _Lines = field(default_factory=lambda: _Lines(formats.docker_json_record))
+    records: _Lines = field(default_factory=lambda: _Lines(docker_json_record))
 
     def reread(self) -> None:
         """Read the state again if Docker rewrote it (it does at each start and end of a run)."""

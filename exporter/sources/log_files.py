@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from exporter.core.containers import rotation_order
-from exporter.core.formats import MAX_LINE
+from exporter.core.formats.containers import MAX_LINE
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import io
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
@@ -98,12 +98,8 @@ def entries(
     reader = io.BufferedReader(counted, HEAD)
     try:
         head = reader.peek(HEAD)[:HEAD].splitlines()[:50]
-        lines: Iterable[bytes] = reader
-        if frame := formats.paste_frame(head):
-            head, lines = list(formats.unframed(head, frame)), formats.unframed(reader, frame)
-        fmt = formats.detect(head)
         last = 0.0
-        for entry in formats.entries(lines, fmt, unit=unit or _unit_name(source), year=year):
+        for entry in formats.read(head, reader, unit=unit or _unit_name(source), year=year):
             if progress and total and time.monotonic() - last > 0.5:
                 progress(counted.read_bytes, total)
                 last = time.monotonic()
