@@ -36,7 +36,7 @@ def journal_file(tmp_path_factory) -> Path:
 
 
 SCHEMA = {"unit", "engine", "engine_version", "model", "outcome", "last_phase", "failure_reason", "phases",
-          "values", "silent_gaps", "startup_seconds", "attempts", "from_start", "earlier_starts"}
+          "values", "silent_gaps", "startup_seconds", "attempts", "from_start", "earlier_starts", "basis"}
 
 
 @pytest.mark.parametrize(
@@ -164,6 +164,7 @@ def test_text_output(journal_file):
     assert text.splitlines()[0].startswith("vllm.log (vllm, 0.10.2, meta-llama/Llama-3.1-70B-Instruct): failed (cuda_oom)")
     assert "silent 3m36s in loading_weights" in text
     assert "  loading_weights" in text
+    assert "\n  basis: vllm's own rules\n" in text
 
 
 @pytest.mark.parametrize(
@@ -319,6 +320,50 @@ def test_pasted_shapes(text, want):
     assert {key: doc[key] for key in want} == want
 
 
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        pytest.param("build: 4567 (e0b3d1a2) with cc (GCC) 13.2.0 for x86_64-linux-gnu\n"
+                     "main: loading model\nllama_model_loader: loaded meta data with 29 key-value pairs\n"
+                     "llama_kv_cache_unified: size = 2720.00 MiB ( 32768 cells,  40 layers,  1 seqs)\n"
+                     "Segmentation fault (core dumped)\n",
+                     {"engine": "llamacpp", "outcome": "failed", "failure_reason": "crashed",
+                      "last_phase": "allocating_kv_cache", "basis": "vocabulary"},
+                     id="the engine's rules say nothing of a later phase: the vocabulary places the failure in it"),
+        pytest.param("2026-01-03 10:00:01,118 INFO my_service: Downloading model weights from s3://models/m\n"
+                     "2026-01-03 10:00:09,001 INFO my_service: Loading model weights onto cuda:0\n"
+                     "2026-01-03 10:00:30,502 ERROR my_service: KV cache of 2.1 GiB is larger than the available 1.4 GiB\n",
+                     {"engine": "generic", "outcome": "failed", "failure_reason": "bad_config",
+                      "last_phase": "allocating_kv_cache", "basis": "vocabulary"},
+                     id="no engine named: the shared words alone give an answer"),
+        pytest.param("/usr/src/server/text_generation_server/cli.py:12: UserWarning: a deprecated option\n"
+                     "  warnings.warn(\n",
+                     {"engine": "tgi", "outcome": "incomplete", "last_phase": "launching", "basis": "engine_name"},
+                     id="a log that only names its engine: a start, resting on the name"),
+        pytest.param("Traceback (most recent call last):\n"
+                     '  File "/app/serve.py", line 9, in <module>\n'
+                     "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+                     "# the engine was still warming up the kernels when this appeared\n",
+                     {"outcome": "failed", "failure_reason": "cuda_error", "last_phase": "launching"},
+                     id="shared words after a failure (a note pasted under it) move nothing"),
+        pytest.param("ggml_cuda_init: found 1 CUDA devices\nload_tensors: loading model tensors\n"
+                     "main: error: cudaErrorMemoryAllocation: failed to allocate the KV buffer\n",
+                     {"engine": "llamacpp", "failure_reason": "cuda_oom"},
+                     id="an engine's vaguer reason yields to the vocabulary's root cause on the same line"),
+    ],
+)
+def test_an_answer_for_every_log(text, want):
+    [doc] = replayed(text)
+    assert {key: doc[key] for key in want} == want
+
+
+def test_only_a_log_with_no_engine_and_no_phase_word_has_no_start():
+    assert replayed("hello\nnothing a grammar knows\n") == []
+    host = ("Jan 10 22:38:08 host sshd[77]: Warming up the host key cache\n"
+            "Jan 10 22:38:09 host vllm[88]: INFO 01-10 22:38:09 [api_server.py:1] vLLM API server version 0.11.0\n")
+    assert [doc["unit"] for doc in replayed(host)] == ["vllm.service"]  # another unit's shared words: no start beside it
+
+
 def test_systemds_lines_about_units_named_after_no_engine_are_no_start():
     text = ("Jan 10 22:38:08 host systemd[1]: Started Session 3 of User root.\n"
             "Jan 10 22:38:09 host systemd[1]: sshd.service: Main process exited, code=exited, status=255/EXCEPTION\n"
@@ -429,15 +474,17 @@ def test_a_log_without_years_takes_the_files_year_or_year(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("args", "engine", "last_phase"),
+    ("args", "engine", "last_phase", "basis"),
     [
-        pytest.param([], "vllm", "capturing_graphs", id="told from the lines"),
-        pytest.param(["--engine", "tgi"], "tgi", "launching", id="--engine forces another: its grammar reads it"),
+        pytest.param([], "vllm", "capturing_graphs", "engine_rules", id="told from the lines"),
+        # none of TGI's rules reads vLLM's lines: the shared vocabulary under them still places the start
+        pytest.param(["--engine", "tgi"], "tgi", "capturing_graphs", "vocabulary",
+                     id="--engine forces another: its grammar reads it"),
     ],
 )
-def test_the_engine_is_told_from_the_lines_or_forced(args, engine, last_phase):
+def test_the_engine_is_told_from_the_lines_or_forced(args, engine, last_phase, basis):
     [doc] = documents(str(FORMATS / "vllm.log"), *args)
-    assert (doc["engine"], doc["last_phase"]) == (engine, last_phase)
+    assert (doc["engine"], doc["last_phase"], doc["basis"]) == (engine, last_phase, basis)
 
 
 def test_a_start_asked_to_stop_before_ready_is_stopped(tmp_path):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from exporter.core.groups import FIELDS as GROUP
-from exporter.core.model import STARTUP_ORDER, Phase, Reason, frozen_map
+from exporter.core.model import REASON_DETAIL, STARTUP_ORDER, Phase, Reason, frozen_map
 from exporter.core.screen import Screen
 
 # Engine-reported values a grammar may extract, with their help text. A rule names one in a group
@@ -91,6 +91,7 @@ class Rule:
     reads_info: bool = True
     item: str = ""  # what its progress groups count, singular ("shard", "file", "byte"); "" for a fraction
     complete: bool = False  # the record says the phase's counted work is all done (llama.cpp's load dots)
+    shared: bool = False  # the shared vocabulary's (vocabulary.toml), not the engine's own
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +120,18 @@ class Match:
     retry: bool = False
     stops: bool = False
     group: Mapping[str, str] = field(default_factory=frozen_map)  # the hosts the start spans (exporter.core.groups)
+    shared: bool = False  # read by the shared vocabulary: no evidence of which engine it is
 
     @property
     def moves_on(self) -> bool:
         """The line shows the start going on: a phase marker that is no part of a failure's report."""
         return self.phase is not None and self.reason is None and not self.where
+
+    @property
+    def outlives(self) -> bool:
+        """The start went on past any cause it printed before: an engine's own phase marker. The shared vocabulary
+        places a line, but its words in a traceback's tail or a note pasted under it prove no progress."""
+        return self.moves_on and not self.shared
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +183,7 @@ class Grammar:
         return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache,
                                                              progress=Report(1.0, 1.0, r.item) if r.complete else None,
                                                              where=r.where, begins=r.begins, retry=r.retry,
-                                                             stops=r.stops)
+                                                             stops=r.stops, shared=r.shared)
                      for r in self.rules)
 
     @functools.cached_property
@@ -301,7 +309,8 @@ def _cache(value: object) -> str | None:
 
 @functools.cache  # a Grammar is immutable; its screen is built once, for every reader of it
 def load(engine: str) -> Grammar:
-    """The grammar shipped in exporter/grammars/<engine>.toml, with the rules of the engines it embeds.
+    """The grammar shipped in exporter/grammars/<engine>.toml, with the rules of the engines it embeds, then the
+    shared vocabulary's (`vocabulary`).
 
     An embedded engine's lines say where its part of the start is and why it fails, but not whether
     the whole is ready or has given up: the outer engine says that (an Ollama runner's failure leaves
@@ -319,8 +328,17 @@ def load(engine: str) -> Grammar:
         inner = load(name)
         embedded += [dataclasses.replace(rule, fatal=False, begins=False, prefix=rule.prefix or inner.prefix,
                                          reads_info=False)
-                     for rule in inner.rules if _says_more_than_info(rule) and rule.phase is not Phase.READY]
-    return dataclasses.replace(outer, rules=outer.rules + tuple(embedded)) if embedded else outer
+                     for rule in inner.rules
+                     if _says_more_than_info(rule) and rule.phase is not Phase.READY and not rule.shared]
+    shared = tuple(dataclasses.replace(rule, shared=True) for rule in vocabulary().rules)
+    return dataclasses.replace(outer, rules=outer.rules + tuple(embedded) + shared)
+
+
+@functools.cache
+def vocabulary() -> Grammar:
+    """The shared vocabulary (exporter/grammars/vocabulary.toml), alone: what any engine's lines say of a start in
+    words no engine owns. No engine's: `load` puts its rules under every engine's own."""
+    return parse("vocabulary", resources.files("exporter.grammars").joinpath("vocabulary.toml").read_text("utf-8"))
 
 
 def _says_more_than_info(rule: Rule) -> bool:
@@ -373,27 +391,47 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
         if found := rule.pattern.search(record if rule.whole else message if rule.prefix is None else _after(rule.prefix, record)):
             if rule.benign:
                 return None
-            if (fixed := grammar.fixed_matches[index]) is not None:
-                return fixed
-            info, values, progress, hosts = {}, {}, {}, {}
-            for group, raw in found.groupdict().items():
-                if raw is None:
-                    continue
-                if group in INFO:
-                    if rule.reads_info:
-                        info[group] = raw
-                    continue
-                if group in GROUP:
-                    hosts[group] = raw
-                    continue
-                name, _, unit = group.partition("__")
-                value = _progress_part(raw, unit) if name in PROGRESS else float(raw.replace(",", "")) * SCALES[unit]
-                if math.isfinite(value):  # 400 digits of "max model len" is no value at all
-                    (progress if name in PROGRESS else values)[name] = value
-            return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info),
-                         frozen_map(values), _report(progress, rule), rule.where, rule.begins, rule.retry,
-                         rule.stops, frozen_map(hosts))
+            said = grammar.fixed_matches[index] or _read(rule, found)
+            if said.reason in VAGUE and not rule.shared and (cause := _root_cause(grammar, message, candidates)):
+                return dataclasses.replace(said, reason=cause)  # every engine's way of saying out of memory is an OOM
+            return said
     return None
+
+
+# Reasons that say that a start died (REASON_DETAIL), or that CUDA failed, and not why: the shared vocabulary's
+# root cause named on the same line says more.
+VAGUE = frozenset({*REASON_DETAIL, Reason.CUDA_ERROR})
+
+
+def _root_cause(grammar: Grammar, message: str, candidates: list[int]) -> Reason | None:
+    """The root cause the shared vocabulary reads in a line an engine's rule gave a vague reason."""
+    for index in candidates:
+        rule = grammar.rules[index]
+        if rule.shared and (rule.benign or (rule.reason and rule.reason not in VAGUE)) and rule.pattern.search(message):
+            return rule.reason
+    return None
+
+
+def _read(rule: Rule, found: re.Match[str]) -> Match:
+    """What a rule that reads values says of the record it matched."""
+    info, values, progress, hosts = {}, {}, {}, {}
+    for group, raw in found.groupdict().items():
+        if raw is None:
+            continue
+        if group in INFO:
+            if rule.reads_info:
+                info[group] = raw
+            continue
+        if group in GROUP:
+            hosts[group] = raw
+            continue
+        name, _, unit = group.partition("__")
+        value = _progress_part(raw, unit) if name in PROGRESS else float(raw.replace(",", "")) * SCALES[unit]
+        if math.isfinite(value):  # 400 digits of "max model len" is no value at all
+            (progress if name in PROGRESS else values)[name] = value
+    return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info),
+                 frozen_map(values), _report(progress, rule), rule.where, rule.begins, rule.retry,
+                 rule.stops, frozen_map(hosts), rule.shared)
 
 
 def _after(prefix: re.Pattern[str], record: str) -> str:

@@ -79,12 +79,22 @@ class Replayed:
     timed: bool  # False when the log carried no time at all: durations are meaningless
     from_start: bool = True  # False: the log begins after the start did (an excerpt, a cut journal)
     earlier: tuple[Attempt, ...] = ()  # the starts before the last, each as it ended
+    basis: str = "engine_rules"  # what the reading rests on: BASES
 
 
-def choose_engine(records: Iterable[str], candidates: Iterable[Grammar], names: Iterable[str] = ()) -> tuple[str, int]:
-    """The engine these records show the most evidence of, and how many of its markers they hold.
+# What a report rests on, from the most to the least: the engine's own rules read the last start's markers (and the
+# one that placed it in its last phase); the shared vocabulary did; nothing did, and the log names the engine (a syslog identifier, a path, a process tag, the
+# unit PID 1 runs), with at most PID 1's words on how the start went.
+BASES = {"engine_rules": "{engine}'s own rules", "vocabulary": "shared phase words only (no rule of {engine}'s own)",
+         "engine_name": "the engine's name only (no line shows how far the start got)"}
 
-    Evidence is a record a rule reads as a marker (a phase, a failure, readiness, a stop), a pasted shell command
+
+def choose_engine(records: Iterable[str], candidates: Iterable[Grammar], names: Iterable[str] = ()) -> tuple[str, int, int]:
+    """The engine these records show the most evidence of, how many of its markers they hold, and how many of them
+    (or the names) mention it.
+
+    Evidence is a record the engine's own rules read as a marker (a phase, a failure, readiness, a stop; the shared
+    vocabulary's markers are every engine's, and no evidence of any), a pasted shell command
     that runs the engine (its `commands`: the start itself, in a paste that shows nothing after it yet), and
     a record or a name (a syslog identifier, a compose service) that mentions the engine. An engine that runs
     another inside it (Ollama runs llama.cpp, Triton runs vLLM) takes that one's evidence too, when
@@ -97,7 +107,7 @@ def choose_engine(records: Iterable[str], candidates: Iterable[Grammar], names: 
     for grammar in candidates:
         maybe = grammar.screen.which_may_match(raw)  # one scan of them all rules out most records at once
         found = [m for at in sorted(maybe) if (m := grammars.match(grammar, records[at]))]
-        marked = sum(1 for m in found if m.phase is not None or m.reason is not None or m.stops)
+        marked = sum(1 for m in found if (m.phase is not None or m.reason is not None or m.stops) and not m.shared)
         launched = sum(1 for text in commanded if any(c.search(text) for c in grammar.commands))
         markers[grammar.engine] = marked + launched
         said[grammar.engine] = sum(1 for text in (*names, *records) if grammar.mentions and grammar.mentions.search(text))
@@ -105,20 +115,20 @@ def choose_engine(records: Iterable[str], candidates: Iterable[Grammar], names: 
     for grammar in candidates:
         if grammar.embeds:  # named, it takes the inner engine's evidence; unnamed, it keeps only what is its own
             inner = sum(evidence.get(engine, 0) for engine in grammar.embeds)
-            shared = sum(markers.get(engine, 0) for engine in grammar.embeds)
+            theirs = sum(markers.get(engine, 0) for engine in grammar.embeds)
             own = evidence[grammar.engine]
-            evidence[grammar.engine] = own + inner if said[grammar.engine] else max(0, own - shared)
+            evidence[grammar.engine] = own + inner if said[grammar.engine] else max(0, own - theirs)
     best = max(candidates, key=lambda g: evidence[g.engine], default=None)
     if best is None or not evidence[best.engine]:
-        return "generic", 0
-    return best.engine, markers[best.engine] + sum(markers.get(inner, 0) for inner in best.embeds)
+        return "generic", 0, 0
+    return best.engine, markers[best.engine] + sum(markers.get(inner, 0) for inner in best.embeds), said[best.engine]
 
 
 class _Unit:
     """One unit's fold; its first records wait in `pending` until the engine is chosen."""
 
-    def __init__(self, unit: str, engine: str | None, score: int = 0) -> None:
-        self.unit, self.engine, self.score = unit, engine, score
+    def __init__(self, unit: str, engine: str | None, score: int = 0, said: int = 0) -> None:
+        self.unit, self.engine, self.score, self.said = unit, engine, score, said
         self.pending: list[Observation] = []
         self.records = 0  # log records in `pending`: the engine is chosen from the first SNIFF
         self.names: set[str] = set()  # what the log calls the unit's process: syslog identifiers
@@ -126,13 +136,15 @@ class _Unit:
         self.attempts = 0
         self.earlier: list[Attempt] = []  # the starts before the current one, each as it ended
         self.from_start: bool | None = None  # for the current attempt, once its first marker is seen
+        self.marks = [0, 0]  # the current attempt's markers read by the engine's own rules, and by the vocabulary
+        self.placed = False  # the vocabulary read the marker that moved the current attempt to its last phase
         self.pid1 = False  # PID 1 spoke of it: its name is systemd's
 
 
 class Replay:
     """The fold of a whole saved log, unit by unit.
 
-    `chosen`: engines (and their scores) already chosen for some units from their first SNIFF
+    `chosen`: engines (and their evidence, as choose_engine gives them) already chosen for some units from their first SNIFF
     records, by a reader that saw those records before it skimmed the rest (exporter.sources.journal_skim).
 
     Times that cannot lie: a line without a time of its own takes the time of the last line before it
@@ -141,7 +153,7 @@ class Replay:
     """
 
     def __init__(self, engine: str | None, limits: Limits, default_unit: str = "", only: Iterable[str] = (),
-                 chosen: Mapping[str, tuple[str, int]] | None = None) -> None:
+                 chosen: Mapping[str, tuple[str, int, int]] | None = None) -> None:
         self.forced = engine
         self.chosen = chosen or {}
         self.limits = limits
@@ -236,8 +248,7 @@ class Replay:
         return spoken[0]
 
     def _new(self, unit: str) -> _Unit:
-        engine, score = (self.forced, 0) if self.forced else self.chosen.get(unit, (None, 0))
-        new = self.units[unit] = _Unit(unit, engine, score)
+        new = self.units[unit] = _Unit(unit, *((self.forced,) if self.forced else self.chosen.get(unit, (None,))))
         waiting, self.undescribed = self.undescribed, []
         for now, fields in waiting:  # those about it come first: they came first
             self._entry(now, fields)
@@ -254,7 +265,7 @@ class Replay:
 
     def _choose(self, unit: _Unit) -> None:
         texts = [o.text for o in unit.pending if isinstance(o, LogLine)]
-        unit.engine, unit.score = choose_engine(texts, self.grammars.values(), self._names(unit))
+        unit.engine, unit.score, unit.said = choose_engine(texts, self.grammars.values(), self._names(unit))
         unit.state = UnitState(unit.unit, unit.engine)
         pending, unit.pending = unit.pending, []
         for obs in pending:
@@ -265,16 +276,22 @@ class Replay:
         before = unit.state.attempt
         grammar = self.grammars[unit.engine]
         unit.state = advance(unit.state, obs, grammar, self.limits)
-        if unit.state.attempt is not before and (before is None or unit.state.attempt.started != before.started):
+        after = unit.state.attempt
+        if after is not before and (before is None or after.started != before.started):
             unit.attempts += 1
-            unit.from_start = None
+            unit.from_start, unit.marks, unit.placed = None, [0, 0], False
             if before is not None and unit.state.previous is not None:
                 unit.earlier.append(unit.state.previous)
-        if unit.from_start is None:  # the attempt's first marker says whether the log holds its start
-            if isinstance(obs, Lifecycle):
-                unit.from_start = obs.event is Event.STARTED
-            elif (found := grammars.match(grammar, obs.text)) and (found.phase or found.reason):
-                unit.from_start = found.phase is Phase.LAUNCHING
+        if isinstance(obs, Lifecycle):
+            unit.from_start = obs.event is Event.STARTED if unit.from_start is None else unit.from_start
+        # the lines until the attempt's first own marker, and those that moved it: what the report rests on (basis)
+        elif (after is not before or not unit.marks[0]) and (found := grammars.match(grammar, obs.text)):
+            if found.phase or found.reason or found.stops:
+                unit.marks[found.shared] += 1
+                if before is not None and after is not None and after.last_startup_phase is not before.last_startup_phase:
+                    unit.placed = found.shared
+            if unit.from_start is None and (found.phase or found.reason) and not found.shared:
+                unit.from_start = found.phase is Phase.LAUNCHING  # the start's first own marker: is the start here
 
     @staticmethod
     def _names(unit: _Unit) -> list[str]:
@@ -283,9 +300,11 @@ class Replay:
         return [*sorted(unit.names), *([unit.unit] if unit.pid1 else [])]
 
     def results(self) -> list[Replayed]:
-        """Every unit that looks like a model server (or was asked for), in name order."""
+        """Every unit that looks like a model server (or was asked for), in name order: those its engine's rules
+        read; in a log with none, those that name an engine; in a log with neither, those the shared vocabulary read
+        a phase or a failure in. A log that names no engine and shows no phase word has none."""
         self._release(None)  # a log without any time: its lines in their order, durations unknown
-        out = []
+        tiers: tuple[list[Replayed], ...] = ([], [], [])
         for unit in sorted(self.units.values(), key=lambda u: u.unit):
             if unit.engine is None:
                 self._choose(unit)
@@ -294,11 +313,18 @@ class Replay:
             # there is (a restart loop, a command never run, a status's head)
             mentions = self.grammars[unit.engine or "generic"].mentions
             named = unit.pid1 and mentions is not None and any(mentions.search(name) for name in self._names(unit))
-            if unit.state.attempt is None or not (asked or unit.score or named or unit.state.phase_durations):
+            if unit.state.attempt is None:
                 continue
-            out.append(Replayed(unit.unit, unit.engine or "generic", unit.state, unit.attempts, self.timed,
-                                unit.from_start is not False, tuple(unit.earlier)))
-        return out
+            own, shared = unit.marks
+            ruled = own and unit.engine != "generic" and not unit.placed
+            basis = "engine_rules" if ruled else "vocabulary" if own or shared else "engine_name"
+            found = Replayed(unit.unit, unit.engine or "generic", unit.state, unit.attempts, self.timed,
+                             unit.from_start is not False, tuple(unit.earlier), basis)
+            if asked or unit.score or named or own:
+                tiers[0].append(found)
+            elif unit.said or shared or unit.state.phase_durations:
+                tiers[1 if unit.said else 2].append(found)
+        return next((tier for tier in tiers if tier), [])
 
 
 # ---- what replay prints ----
@@ -351,6 +377,7 @@ def document(result: Replayed) -> dict[str, Any]:
              **_ending(a, a.ended if a.ended is not None else a.phase_since, result.timed)}
             for a in result.earlier
         ],
+        "basis": result.basis,
         "phases": phases,
         "values": dict(state.values),
         "silent_gaps": gaps(attempt, None) if result.timed else [],
@@ -373,6 +400,7 @@ def text(result: Replayed) -> Iterator[str]:
     tries = f"  [start {doc['attempts']} of {doc['attempts']} in this log]" if doc["attempts"] > 1 else ""
     begins = "" if doc["from_start"] else "  [the log begins mid-start: a start already under way]"
     yield f"{doc['unit']} ({about}): {_said(doc)}{tries}{begins}"
+    yield f"  basis: {BASES[result.basis].format(engine=result.engine)}"
     # the starts before the last: why each ended (a log of a restart loop says it here)
     first = doc["attempts"] - len(doc["earlier_starts"])
     for number, earlier in enumerate(doc["earlier_starts"], first):

@@ -231,9 +231,12 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
     # The phase first: a failure marker that says where it happened (vLLM's KV-cache check, a
     # traceback's frame) moves the start there before the failure is remembered in it; a failure
     # marker's phase does not override one a failure's report already located.
+    # The shared vocabulary's words after a cause (a traceback's tail, a note pasted under it) prove no progress: the
+    # failure stays where the engine's own words last placed the start.
     attempt = state.attempt
-    if found.phase is not None and _forward(attempt.phase, found.phase) and not (found.reason and attempt.located):
-        state = _enter(state, found.phase, line.t, found.moves_on)
+    if (found.phase is not None and _forward(attempt.phase, found.phase) and not (found.reason and attempt.located)
+            and not (found.moves_on and found.shared and _dying(attempt))):
+        state = _enter(state, found.phase, line.t, found.outlives)
         if attempt.located is found.moves_on:
             state = evolve(state, attempt=evolve(state.attempt, located=not found.moves_on))
     if found.reason is not None:

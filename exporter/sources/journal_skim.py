@@ -92,9 +92,10 @@ class _Unreliable(Exception):
 
 @functools.cache
 def _screen() -> Screen:
-    """Every rule and settings pattern of every engine: a unit's engine is chosen before the skim."""
+    """Every rule and settings pattern of every engine: a unit's engine is chosen before the skim. Not a benign rule:
+    a line it matches is one no rule reads, as a line no rule matches is."""
     loaded = list(grammars.load_all().values())
-    return Screen([p for g in loaded for p in (*(r.pattern for r in g.rules), *g.settings)], raw=True)
+    return Screen([p for g in loaded for p in (*(r.pattern for r in g.rules if not r.benign), *g.settings)], raw=True)
 
 
 def read_slice(plan: Plan, since: int | None, until: int | None) -> Slice:
@@ -261,7 +262,7 @@ def _choice_screen() -> Screen:
     return Screen([p for g in loaded for p in (*(r.pattern for r in g.rules), *g.settings)] + mentions, raw=True)
 
 
-def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, int]]:
+def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, int, int]]:
     """Each unit's engine, chosen from its first SNIFF records as replay.Replay chooses it."""
     loaded = list(grammars.load_all().values())
     may_count = _choice_screen().may_match
@@ -300,7 +301,7 @@ def _quiet() -> None:
 
 
 def skim(path: Path, silence: float, only: frozenset[str] = frozenset(),
-         forced: str | None = None) -> tuple[dict[str, tuple[str, int]], Iterator[Entry]]:
+         forced: str | None = None) -> tuple[dict[str, tuple[str, int, int]], Iterator[Entry]]:
     """(the engine chosen for each unit read line by line, the entries worth folding, in order).
 
     The entries come as the slices are read: the caller folds the first while the pool reads the
