@@ -664,6 +664,11 @@ def test_a_paste_quoted_whole_reads_as_itself(paste: list[bytes], whole: bool) -
                       b" 10.  \n", b" 11. Feb 26 17:41:23 host ollama[40]: time=2024-02-26T17:41:23.5Z level=INFO msg=y\n"],
                      True, id="a paste site's numbers, empty numbered lines among them"),
         pytest.param([b"12:00:01 INFO starting\n", b"12:00:02 INFO loading\n"], False, id="a time of day is no line number"),
+        pytest.param([b"kserve-container Jan 26 17:41:22 host vllm[40]: x\n", b"  File \"/a.py\", line 1, in f\n",
+                      b"kserve-container Jan 26 17:41:23 host vllm[40]: y\n", b"kserve-container Jan 26 17:41:24 host vllm[40]: z\n"],
+                     True, id="a log viewer's column, the container's name, on every line but a traceback's frames"),
+        pytest.param([b"slot launch_slot_: id  0\n", b"slot update_slots: id  0\n", b"INFO x\n"], False,
+                     id="a word most lines start with is no column"),
         pytest.param([b"2026-02-26T17:41:22Z INFO x\n"] * 2, False, id="nor is a date"),
     ],
 )

@@ -350,6 +350,15 @@ def test_pasted_shapes(text, want):
                      "main: error: cudaErrorMemoryAllocation: failed to allocate the KV buffer\n",
                      {"engine": "llamacpp", "failure_reason": "cuda_oom"},
                      id="an engine's vaguer reason yields to the vocabulary's root cause on the same line"),
+        pytest.param("error while handling argument \"--flash-attn\": error: unkown value for --flash-attn: '--numa'\n"
+                     "11:41:32-305704 ERROR    Error loading the model with llama.cpp: Server process terminated "
+                     "unexpectedly with exit code: 1\n",
+                     {"outcome": "failed", "failure_reason": "bad_config", "last_phase": "launching"},
+                     id="a wrapper's vaguer report after the engine's own refusal does not move the failure"),
+        pytest.param("Capturing CUDA graphs (decode, FULL):   0%|          | 0/70 [00:00<?, ?it/s]\n"
+                     "vllm2-1  | (Worker_TP0 pid=81) ERROR 01-02 11:29:30 [multiproc_executor.py:824] WorkerProc hit an exception.\n",
+                     {"unit": "vllm2-1.service", "last_phase": "capturing_graphs", "outcome": "failed"},
+                     id="docker compose output of one service: a line that lost its prefix is the service's"),
     ],
 )
 def test_an_answer_for_every_log(text, want):

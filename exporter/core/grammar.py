@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import re
 import tomllib
@@ -330,15 +331,15 @@ def load(engine: str) -> Grammar:
                                          reads_info=False)
                      for rule in inner.rules
                      if _says_more_than_info(rule) and rule.phase is not Phase.READY and not rule.shared]
-    shared = tuple(dataclasses.replace(rule, shared=True) for rule in vocabulary().rules)
-    return dataclasses.replace(outer, rules=outer.rules + tuple(embedded) + shared)
+    return dataclasses.replace(outer, rules=outer.rules + tuple(embedded) + vocabulary().rules)
 
 
 @functools.cache
 def vocabulary() -> Grammar:
     """The shared vocabulary (exporter/grammars/vocabulary.toml), alone: what any engine's lines say of a start in
     words no engine owns. No engine's: `load` puts its rules under every engine's own."""
-    return parse("vocabulary", resources.files("exporter.grammars").joinpath("vocabulary.toml").read_text("utf-8"))
+    shared = parse("vocabulary", resources.files("exporter.grammars").joinpath("vocabulary.toml").read_text("utf-8"))
+    return dataclasses.replace(shared, rules=tuple(dataclasses.replace(rule, shared=True) for rule in shared.rules))
 
 
 def _says_more_than_info(rule: Rule) -> bool:
@@ -392,24 +393,31 @@ def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
             if rule.benign:
                 return None
             said = grammar.fixed_matches[index] or _read(rule, found)
-            if said.reason in VAGUE and not rule.shared and (cause := _root_cause(grammar, message, candidates)):
-                return dataclasses.replace(said, reason=cause)  # every engine's way of saying out of memory is an OOM
-            return said
+            return _refined(grammar, said, message, candidates) if said.reason else said
     return None
 
 
-# Reasons that say that a start died (REASON_DETAIL), or that CUDA failed, and not why: the shared vocabulary's
-# root cause named on the same line says more.
+# Reasons that say only that a start died (REASON_DETAIL), or that CUDA failed: a root cause named on the same line
+# says more.
 VAGUE = frozenset({*REASON_DETAIL, Reason.CUDA_ERROR})
 
 
-def _root_cause(grammar: Grammar, message: str, candidates: list[int]) -> Reason | None:
-    """The root cause the shared vocabulary reads in a line an engine's rule gave a vague reason."""
-    for index in candidates:
-        rule = grammar.rules[index]
-        if rule.shared and (rule.benign or (rule.reason and rule.reason not in VAGUE)) and rule.pattern.search(message):
-            return rule.reason
-    return None
+def _refined(grammar: Grammar, said: Match, message: str, candidates: list[int]) -> Match:
+    """A failure's line as the shared vocabulary reads it too: the root cause it names beside a vague reason (every
+    engine's way of saying out of memory is an OOM), and, where the failure is placed nowhere, the step the line
+    names (`Unable to warmup model: … out of memory` failed in warm-up), unless the line only names it (benign)."""
+    shared = [grammar.rules[index] for index in candidates if grammar.rules[index].shared]
+    cause = step = None
+    if said.reason in VAGUE:
+        cause = next((r.reason for r in shared if r.reason and r.reason not in VAGUE and r.pattern.search(message)), None)
+    if said.phase is None:
+        step = next((r for r in shared if (r.benign or (r.phase and not r.reason)) and r.pattern.search(message)), None)
+    if step is not None and step.benign:
+        step = None
+    if cause is None and step is None:
+        return said
+    return dataclasses.replace(said, reason=cause or said.reason, phase=step.phase if step else said.phase,
+                               where=said.where or step is not None)
 
 
 def _read(rule: Rule, found: re.Match[str]) -> Match:
@@ -436,7 +444,23 @@ def _read(rule: Rule, found: re.Match[str]) -> Match:
 
 def _after(prefix: re.Pattern[str], record: str) -> str:
     head = prefix.match(record)
-    return head.group("msg") if head else record
+    if head is None:
+        return record
+    if "quoted" in prefix.groupindex and head.group("quoted") is not None:  # the prefix ends inside a JSON string
+        return _string(head.group("msg"))
+    return head.group("msg")
+
+
+JSON_STRING = re.compile(r'(?:[^"\\]|\\.)*')
+
+
+def _string(rest: str) -> str:
+    """The value of the JSON string whose body starts `rest` (a record cut inside it: what there is of it)."""
+    body = JSON_STRING.match(rest).group()  # type: ignore[union-attr]
+    try:
+        return json.loads(f'"{body}"')
+    except ValueError:
+        return body
 
 
 def _progress_part(raw: str, unit: str) -> float:

@@ -231,11 +231,12 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
     # The phase first: a failure marker that says where it happened (vLLM's KV-cache check, a
     # traceback's frame) moves the start there before the failure is remembered in it; a failure
     # marker's phase does not override one a failure's report already located.
-    # The shared vocabulary's words after a cause (a traceback's tail, a note pasted under it) prove no progress: the
-    # failure stays where the engine's own words last placed the start.
+    # The shared vocabulary's words after a cause prove no progress (a traceback's tail, a note pasted under it), nor
+    # place a failure that says less than the cause already pending (a wrapper's `Error loading the model` after the
+    # engine refused its arguments): the failure stays where the start was when it happened.
     attempt = state.attempt
     if (found.phase is not None and _forward(attempt.phase, found.phase) and not (found.reason and attempt.located)
-            and not (found.moves_on and found.shared and _dying(attempt))):
+            and not (found.shared and _dying(attempt) and (found.moves_on or _says_less(found.reason, attempt)))):
         state = _enter(state, found.phase, line.t, found.outlives)
         if attempt.located is found.moves_on:
             state = evolve(state, attempt=evolve(state.attempt, located=not found.moves_on))
@@ -257,6 +258,11 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
     if found.progress is not None:
         state = _progress(state, found, line.t)
     return state
+
+
+def _says_less(reason: Reason | None, attempt: Attempt) -> bool:
+    assert attempt.reason is not None
+    return reason is not None and REASON_DETAIL.get(reason, 3) < REASON_DETAIL.get(attempt.reason, 3)
 
 
 def _dying(attempt: Attempt) -> bool:

@@ -22,12 +22,22 @@ FRAMES = (
 FENCES = (b"```", b"~~~")  # a markdown fence around a pasted log
 
 
+# A log viewer's first column, the name of the container or pod each line is from (`kserve-container (EngineCore_0
+# pid=58) INFO …`): one lower-case name before every line that is not a continuation (indented: a traceback's frames).
+COLUMN = re.compile(rb"[a-z][a-z_.-]*[a-z] (?=\S)")
+
+
 def frame(head: list[bytes]) -> re.Pattern[bytes] | None:
-    """The frame around every line of a paste (FRAMES: a markdown quote, `grep -n`'s numbers), when every line of
-    its head that says anything is in it: the frame is the paste's, in none of its lines, and hides their format.
-    `unframed` takes it off."""
+    """The frame around every line of a paste (FRAMES: a markdown quote, `grep -n`'s numbers; or a viewer's COLUMN),
+    when every line of its head that says anything is in it: the frame is the paste's, in none of its lines, and
+    hides their format. `unframed` takes it off."""
     said = [body for body in map(line, head) if body.strip() and not body.startswith(FENCES)]  # a fence outside
-    return next((found for found in FRAMES if said and all(found.match(body) for body in said)), None)
+    if found := next((found for found in FRAMES if said and all(found.match(body) for body in said)), None):
+        return found
+    starts = [body for body in said if body[:1] not in b" \t"]
+    column = COLUMN.match(starts[0]) if len(starts) >= 3 else None
+    named = re.compile(re.escape(column.group()) + rb"(?=\S)") if column else None
+    return named if named and all(named.match(body) for body in starts) else None
 
 
 def unframed(lines: Iterable[bytes], found: re.Pattern[bytes]) -> Iterator[bytes]:

@@ -19,22 +19,27 @@ PROMPT = rb"(?:\([\w.-]+\) )?(?:\$|[\w.-]+@[\w.-]+(?::[^\s$#]*)?[$#])"
 COMMAND = re.compile(PROMPT + rb" +\S")
 PROMPT_ALONE = re.compile(PROMPT + rb"\s*")
 CTRL_C = re.compile(rb"(?:\^C)+ *")  # the terminal's echo of Ctrl-C: the user asked the process to stop
-CLOCK_LOOKAHEAD = 200  # lines of an engine's own output looked at for the year and zone it prints
+HEAD_LINES = 200  # lines of an engine's own output looked at for the year and zone it prints, and its services
 
 
 def read_plain(lines: Iterable[bytes], unit: str, year: int, tz: tzinfo | None) -> Iterator[tuple[float | None, Fields]]:
     """The lines, each one MESSAGE of the unit's; times printed without a zone are taken in `tz`, else in the zone
     the first lines print, else in this machine's; without a year, in the year of the first full date the first
-    lines print (an engine's output mixes layouts: vLLM's `MM-DD` beside SGLang's full dates), else in `year`."""
-    lines, (printed_year, printed_zone) = _clock_in_head(lines, unit)
+    lines print (an engine's output mixes layouts: vLLM's `MM-DD` beside SGLang's full dates), else in `year`.
+    In `docker compose` output of one service (or `kubectl logs --prefix` of one container), a line without its
+    prefix lost it (a `\r` bar redrawn over it) and is that service's."""
+    lines, (printed_year, printed_zone), services = _head(lines, unit)
     tz = tz or printed_zone
     years = clock.Years(printed_year or year, tz)
+    only: Fields = {"SYSLOG_IDENTIFIER": services.pop()} if len(services) == 1 else {}
+    unit = f"{only['SYSLOG_IDENTIFIER']}.service" if only else unit
     output = False  # a line of the process's own since its command
     for raw in lines:
         body = line(raw)
         if not body.strip():
             continue
         body, fields = service(body, unit)
+        fields = only if only and "SYSLOG_IDENTIFIER" not in fields else fields
         stop = CTRL_C.match(body) if unit else None
         if stop:
             echo, body = body[: stop.end()], body[stop.end() :]  # and what was printed on after it, on its line
@@ -67,15 +72,19 @@ def _time(body: bytes, years: clock.Years, tz: tzinfo | None) -> float | None:
     return clock.at(found, years, tz) if found else None
 
 
-def _clock_in_head(lines: Iterable[bytes], unit: str) -> tuple[Iterable[bytes], tuple[int | None, tzinfo | None]]:
-    """The lines, whole, and the year (of the first full date) and zone (of the first time with an offset) their
-    first lines print: Go's `log` without a zone beside slog's offsets, all on one clock."""
+def _head(lines: Iterable[bytes], unit: str) -> tuple[Iterable[bytes], tuple[int | None, tzinfo | None], set[str]]:
+    """The lines, whole; the year (of the first full date) and zone (of the first time with an offset) their first
+    lines print (Go's `log` without a zone beside slog's offsets, all on one clock); the services they name."""
     rest = iter(lines)
-    head = list(itertools.islice(rest, CLOCK_LOOKAHEAD))
+    head = list(itertools.islice(rest, HEAD_LINES))
     year: int | None = None
     zone: tzinfo | None = None
+    services = set()
     for raw in head:
-        found = _printed(service(line(raw), unit)[0])
+        body, fields = service(line(raw), unit)
+        if isinstance(named := fields.get("SYSLOG_IDENTIFIER"), str):
+            services.add(named)
+        found = _printed(body)
         parts = clock.parts(found) if found else ()
         if not parts or parts[0] is None:
             continue
@@ -85,6 +94,4 @@ def _clock_in_head(lines: Iterable[bytes], unit: str) -> tuple[Iterable[bytes], 
                 zone = clock.zone(parts[7], None)
             except ValueError:  # an offset of 24 hours or more: none
                 pass
-        if zone is not None:
-            break
-    return itertools.chain(head, rest), (year, zone)
+    return itertools.chain(head, rest), (year, zone), services
