@@ -417,11 +417,11 @@ def _replay(entries: list, engine: str | None, only: tuple[str, ...], limits: Li
     run = replay.Replay(engine, limits, default_unit=UNIT, only=only)
     run.feed(entries)
     for result in run.results():
-        doc = replay.document(result)
+        doc = report.replay_document(result)
         json.dumps(doc)
         assert doc["outcome"] in ("ready", "failed", "stopped", "incomplete")
         assert doc["attempts"] >= 1
-        lines = list(replay.text(result))
+        lines = list(report.replay_text(result))
         assert lines and all(isinstance(line, str) for line in lines)
 
 
@@ -448,7 +448,7 @@ def test_replay_json_is_strict_json_with_huge_numbers() -> None:
     run.feed([(1.7e9, {"_SYSTEMD_UNIT": UNIT, "MESSAGE": "INFO 10-21 09:10:09 [model.py:1510] Using max model len "
                        + "9" * 400})])
     (result,) = run.results()
-    json.dumps(replay.document(result), allow_nan=False)
+    json.dumps(report.replay_document(result), allow_nan=False)
 
 
 # ---- (f) the pure tracker ----------------------------------------------------------------------------

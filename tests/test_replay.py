@@ -196,12 +196,13 @@ def replayed(text: str, unit: str = "pasted.service", year: int = 2025) -> list[
     """The documents `replay --format json` gives for this text, through the pure core."""
     from exporter.core import formats
     from exporter.core.model import Limits
-    from exporter.core.replay import Replay, document
+    from exporter.core.replay import Replay
+    from exporter.core.report import replay_document
 
     lines = io.BytesIO(text.encode()).readlines()  # lines end at \n only, as replay reads a file: a \r is a redraw
     run = Replay(None, Limits(silence=60.0))
     run.feed(formats.read(lines[:50], lines, unit=unit, year=year))
-    return [document(r) for r in run.results()]
+    return [replay_document(r) for r in run.results()]
 
 
 # A unit that runs vLLM through a launcher, which names its lines in a short format: PID 1 starts it, then it is ready.
@@ -313,16 +314,7 @@ VLLM_OOM_TAIL = """\
         pytest.param("INFO 07-16 05:15:18 [gpu_model_runner.py:2] Graph capturing finished in **17 secs**, took **0.55** GiB\n",
                      {"values": {"engine_graph_capture_seconds": 17.0, "graph_memory_bytes": 0.55 * 2**30}},
                      id="markdown around the numbers"),
-    ],
-)
-def test_pasted_shapes(text, want):
-    [doc] = replayed(text)
-    assert {key: doc[key] for key in want} == want
-
-
-@pytest.mark.parametrize(
-    ("text", "want"),
-    [
+        # an answer for every log: the shared vocabulary under the engine's rules, the basis it rests on
         pytest.param("build: 4567 (e0b3d1a2) with cc (GCC) 13.2.0 for x86_64-linux-gnu\n"
                      "main: loading model\nllama_model_loader: loaded meta data with 29 key-value pairs\n"
                      "llama_kv_cache_unified: size = 2720.00 MiB ( 32768 cells,  40 layers,  1 seqs)\n"
@@ -361,7 +353,7 @@ def test_pasted_shapes(text, want):
                      id="docker compose output of one service: a line that lost its prefix is the service's"),
     ],
 )
-def test_an_answer_for_every_log(text, want):
+def test_pasted_shapes(text, want):
     [doc] = replayed(text)
     assert {key: doc[key] for key in want} == want
 

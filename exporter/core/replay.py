@@ -7,11 +7,13 @@ through `tracker.advance`, exactly as the agent folds the live journal, minus th
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.core import grammar as grammars
+from exporter.core.entries import container_name, to_observations
+from exporter.core.formats.terminal import COMMAND
 from exporter.core.grammar import Grammar
 from exporter.core.model import (
     Attempt,
@@ -20,13 +22,9 @@ from exporter.core.model import (
     Limits,
     LogLine,
     Observation,
-    Outcome,
     Phase,
     UnitState,
 )
-from exporter.core.report import duration, gaps, iso, size, timeline
-from exporter.core.entries import container_name, to_observations
-from exporter.core.formats.terminal import COMMAND
 from exporter.core.tracker import advance
 
 Fields = Mapping[str, Any]
@@ -79,14 +77,7 @@ class Replayed:
     timed: bool  # False when the log carried no time at all: durations are meaningless
     from_start: bool = True  # False: the log begins after the start did (an excerpt, a cut journal)
     earlier: tuple[Attempt, ...] = ()  # the starts before the last, each as it ended
-    basis: str = "engine_rules"  # what the reading rests on: BASES
-
-
-# What a report rests on, from the most to the least: the engine's own rules read the last start's markers (and the
-# one that placed it in its last phase); the shared vocabulary did; nothing did, and the log names the engine (a syslog identifier, a path, a process tag, the
-# unit PID 1 runs), with at most PID 1's words on how the start went.
-BASES = {"engine_rules": "{engine}'s own rules", "vocabulary": "shared phase words only (no rule of {engine}'s own)",
-         "engine_name": "the engine's name only (no line shows how far the start got)"}
+    basis: str = "engine_rules"  # what the reading rests on: report.BASES
 
 
 def choose_engine(records: Iterable[str], candidates: Iterable[Grammar], names: Iterable[str] = ()) -> tuple[str, int, int]:
@@ -325,95 +316,3 @@ class Replay:
             elif unit.said or shared or unit.state.phase_durations:
                 tiers[1 if unit.said else 2].append(found)
         return next((tier for tier in tiers if tier), [])
-
-
-# ---- what replay prints ----
-
-
-def outcome(attempt: Attempt) -> str:
-    """ready, failed, stopped, or incomplete when the log ends without a word of either.
-
-    A log that ends on a failure (a traceback's exception, a CUDA OOM) has failed even though the
-    process's exit is not in it: that is what people paste into an issue. A cause the start went on
-    past (a later phase began after it) did not end it.
-    """
-    if attempt.phase is Phase.FAILED:  # also after ready: a server that could not bind its port
-        return str(Outcome.FAILED)
-    if attempt.outcome is not None:
-        return str(attempt.outcome)
-    return str(Outcome.FAILED) if attempt.reason is not None and not attempt.outlived else "incomplete"
-
-
-def _ending(attempt: Attempt, end: float, timed: bool) -> dict[str, Any]:
-    """How a start ended (or where the log leaves it), and how long it took."""
-    said = outcome(attempt)
-    return {
-        "outcome": said,
-        "last_phase": str(attempt.last_startup_phase or attempt.phase),
-        "failure_reason": str(attempt.reason) if attempt.reason and said == "failed" else None,
-        "startup_seconds": round(attempt.startup_end(end) - attempt.started, 3) if timed else None,
-    }
-
-
-def document(result: Replayed) -> dict[str, Any]:
-    state, attempt = result.state, result.state.attempt
-    assert attempt is not None
-    # a log that ends mid-start: its last phase lasted until the last line
-    end = attempt.ended if attempt.ended is not None else max(state.last_log or 0.0, attempt.phase_since)
-    phases = timeline(attempt, end, None)
-    if not result.timed:
-        for span in phases:
-            span["start"] = span["duration_seconds"] = None
-    return {
-        "unit": result.unit,
-        "engine": result.engine,
-        "engine_version": state.info.get("engine_version"),
-        "model": state.info.get("model"),
-        **_ending(attempt, end, result.timed),
-        "attempts": result.attempts,
-        "from_start": result.from_start,
-        "earlier_starts": [
-            {"start": iso(a.started) if result.timed else None,
-             **_ending(a, a.ended if a.ended is not None else a.phase_since, result.timed)}
-            for a in result.earlier
-        ],
-        "basis": result.basis,
-        "phases": phases,
-        "values": dict(state.values),
-        "silent_gaps": gaps(attempt, None) if result.timed else [],
-    }
-
-
-def _said(ending: dict[str, Any]) -> str:
-    """`failed (bad_config) in allocating_kv_cache after 42s`, `ready after 3m10s`, `incomplete: the log ends in …`"""
-    said = ending["outcome"]
-    if ending["failure_reason"]:
-        said += f" ({ending['failure_reason']}) in {ending['last_phase']}"
-    elif said == "incomplete":
-        said += f": the log ends in {ending['last_phase']}"
-    return said + (f" after {duration(ending['startup_seconds'])}" if ending["startup_seconds"] is not None else "")
-
-
-def text(result: Replayed) -> Iterator[str]:
-    doc = document(result)
-    about = ", ".join(x for x in (doc["engine"], doc["engine_version"], doc["model"]) if x)
-    tries = f"  [start {doc['attempts']} of {doc['attempts']} in this log]" if doc["attempts"] > 1 else ""
-    begins = "" if doc["from_start"] else "  [the log begins mid-start: a start already under way]"
-    yield f"{doc['unit']} ({about}): {_said(doc)}{tries}{begins}"
-    yield f"  basis: {BASES[result.basis].format(engine=result.engine)}"
-    # the starts before the last: why each ended (a log of a restart loop says it here)
-    first = doc["attempts"] - len(doc["earlier_starts"])
-    for number, earlier in enumerate(doc["earlier_starts"], first):
-        at = f" at {earlier['start'][11:19]}" if earlier["start"] else ""
-        yield f"  start {number} of {doc['attempts']}{at}: {_said(earlier)}"
-    for span in doc["phases"]:
-        start = (span["start"] or "")[11:23]
-        took = duration(span["duration_seconds"]) if span["duration_seconds"] is not None else ""
-        yield f"  {start:12}  {span['phase']:<26}{took:>8}"
-    for gap in doc["silent_gaps"]:
-        yield f"  silent {duration(gap['duration_seconds'])} in {gap['phase']} from {gap['start'][11:19]}"
-    if doc["values"]:
-        shown = ", ".join(
-            f"{k} {size(v) if k.endswith('_bytes') else f'{v:g}'}" for k, v in sorted(doc["values"].items())
-        )
-        yield f"  values: {shown}"

@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from exporter.core import replay
+    from exporter.core import replay, report
     from exporter.core.model import Limits
     from exporter.sources import saved_log
 
@@ -233,12 +233,12 @@ def run_replay(args: argparse.Namespace) -> int:
         logger.error("no model-server startup found in %s (%d lines read)", args.file, run.lines)
         return 1
     if args.format == "json":
-        docs = [replay.document(r) for r in results]
+        docs = [report.replay_document(r) for r in results]
         json.dump(docs[0] if len(docs) == 1 else docs, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         for result in results:
-            sys.stdout.writelines(line + "\n" for line in replay.text(result))
+            sys.stdout.writelines(line + "\n" for line in report.replay_text(result))
     gc.freeze()  # the command ends here: its collection at exit need not walk all the replay built
     return 0
 

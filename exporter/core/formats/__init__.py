@@ -22,27 +22,15 @@ def entries(
 ) -> Iterator[tuple[float | None, Fields]]:
     """Each entry of a saved log as (seconds since the epoch or None, journal-like fields).
 
-    `lines` are the raw chunks of the log, in order, whose concatenation is the log: iterating a
-    file opened in binary mode gives exactly that. Text formats take each chunk as one line (its
-    `\\n` or `\\r\\n` ending is dropped; a last line without one is read as it is). JOURNAL_EXPORT
-    joins the chunks back into one byte stream, because a binary field's value is length-prefixed
-    and may hold newlines; for that format any chunking works (lines, or fixed-size blocks).
-
-    Fields keep journald's names and only those in FIELDS; a value is str when it is valid UTF-8,
-    else the raw bytes. MESSAGE keeps its `\\r`s and colours. The journal formats carry their own
-    fields; the short formats give SYSLOG_IDENTIFIER and _PID, plus what `lifecycle_fields` reads
-    from `systemd[1]` lines and _TRANSPORT=kernel for `kernel:` lines, but no _SYSTEMD_UNIT; CRI,
-    DOCKER_JSON, DOCKER and PLAIN lines get _SYSTEMD_UNIT=`unit` (when given). The container runtimes'
-    files give each line once whole: the parts of a line they split (P records, json-file entries
-    without their newline) are joined, stdout's and stderr's apart.
-
-    `year` is the year of the first dated line of a format that prints none (short,
-    short-precise, vLLM, glog); later lines move to the next year when the dates go back past
-    New Year. Times printed without a zone are taken in `tz`, else in this machine's local zone; an engine's own
-    output may say both itself (terminal.read_plain).
-    t is None where a line carries no time (tracebacks, raw C output, unparseable lines); the
-    caller carries the previous one forward. Malformed input never raises: lines that cannot be
-    read are passed on as a MESSAGE with t None (text formats) or skipped (journal formats).
+    `lines` are the raw chunks of the log in order (iterating a file opened in binary mode gives them): a text format
+    takes each as one line, its `\\n` or `\\r\\n` dropped; JOURNAL_EXPORT joins them back, as its binary fields are
+    length-prefixed. Fields keep journald's names, only those in FIELDS, str where valid UTF-8; MESSAGE keeps its
+    `\\r`s and colours. The short formats give SYSLOG_IDENTIFIER and _PID (and what `short.lifecycle_fields` reads of
+    PID 1's lines), the runtimes' files and plain text _SYSTEMD_UNIT=`unit`; a runtime's line split in parts is given
+    once, whole. Dates without a year are in `year` until they go back past New Year; times without a zone in `tz`,
+    else this machine's (an engine's output may say both: terminal.read_plain). t is None for a line without a time
+    (the caller carries the last one forward). Malformed input never raises: an unreadable text line is passed on
+    untimed, an unreadable journal entry skipped.
     """
     fmt = Format(fmt)
     if fmt is Format.JOURNAL_JSON:
