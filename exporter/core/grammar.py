@@ -192,6 +192,11 @@ class Grammar:
         """Which rules (indices 0…) and settings patterns (after them) might match a record's bytes."""
         return Screen([r.pattern for r in self.rules] + list(self.settings))
 
+    @functools.cached_property
+    def own_screen(self) -> Screen:
+        """Which of the engine's own rules (and its embedded engines') might match: not the shared vocabulary's."""
+        return Screen([r.pattern for r in self.rules if not r.shared])
+
     def message(self, record: str) -> str:
         """The record after the engine's own prefix: what rules and settings patterns are searched in."""
         return _after(self.prefix, record) if self.prefix else record
@@ -372,17 +377,22 @@ def load_all() -> Mapping[str, Grammar]:
     return frozen_map({engine: load(engine) for engine in ENGINES})
 
 
-def match(grammar: Grammar, record: str, settled: bool = False) -> Match | None:
+def match(grammar: Grammar, record: str, settled: bool = False, own: bool = False) -> Match | None:
     """The first rule that matches the record (after the engine's prefix), with its values.
 
     `settled`: the start is ready, failed or stopping, so no phase marker can change anything; only
     failures, heartbeats, stops and the engine's first word (which begins the next start) are tried. Failures
     come first in every grammar, so the first match among them is the first match among all. Serving a
     model prints far more lines than starting it: this, and the screen that rules out at once every rule
-    whose literals the record lacks (exporter.core.screen), is what keeps those lines cheap.
+    whose literals the record lacks (exporter.core.screen), is what keeps those lines cheap. `own`: the engine's
+    rules (and those of the engines it embeds) alone, without the shared vocabulary's.
     """
-    candidates = [i for i in grammar.candidates(record) if i < len(grammar.rules)]
-    if not candidates:
+    rules = grammar.rules
+    if own:  # the rules before the shared vocabulary's, screened alone
+        candidates = list(grammar.own_screen.candidates(record.encode("utf-8", "surrogatepass")))
+    else:
+        candidates = [i for i in grammar.candidates(record) if i < len(rules)]
+    if all(rules[i].benign for i in candidates):  # none, or only rules that read nothing: nothing to read
         return None
     message = grammar.message(record)
     for index in candidates:

@@ -96,9 +96,9 @@ def choose_engine(records: Iterable[str], candidates: Iterable[Grammar], names: 
     commanded = [text for text, line in zip(records, raw) if COMMAND.match(line)]
     markers, said, evidence = {}, {}, {}
     for grammar in candidates:
-        maybe = grammar.screen.which_may_match(raw)  # one scan of them all rules out most records at once
-        found = [m for at in sorted(maybe) if (m := grammars.match(grammar, records[at]))]
-        marked = sum(1 for m in found if (m.phase is not None or m.reason is not None or m.stops) and not m.shared)
+        maybe = grammar.own_screen.which_may_match(raw)  # one scan of them all rules out most records at once
+        found = [m for at in sorted(maybe) if (m := grammars.match(grammar, records[at], own=True))]
+        marked = sum(1 for m in found if m.phase is not None or m.reason is not None or m.stops)
         launched = sum(1 for text in commanded if any(c.search(text) for c in grammar.commands))
         markers[grammar.engine] = marked + launched
         said[grammar.engine] = sum(1 for text in (*names, *records) if grammar.mentions and grammar.mentions.search(text))
@@ -276,7 +276,7 @@ class Replay:
         if isinstance(obs, Lifecycle):
             unit.from_start = obs.event is Event.STARTED if unit.from_start is None else unit.from_start
         # the lines until the attempt's first own marker, and those that moved it: what the report rests on (basis)
-        elif (after is not before or not unit.marks[0]) and (found := grammars.match(grammar, obs.text)):
+        elif (not unit.marks[0] or _moves(before) != _moves(after)) and (found := grammars.match(grammar, obs.text)):
             if found.phase or found.reason or found.stops:
                 unit.marks[found.shared] += 1
                 if before is not None and after is not None and after.last_startup_phase is not before.last_startup_phase:
@@ -316,3 +316,8 @@ class Replay:
             elif unit.said or shared or unit.state.phase_durations:
                 tiers[1 if unit.said else 2].append(found)
         return next((tier for tier in tiers if tier), [])
+
+
+def _moves(attempt: Attempt | None) -> tuple[object, ...]:
+    """What a line that moves a start changes: its phase, its cause (a bar's redraw only moves its progress)."""
+    return (attempt.phase, attempt.reason) if attempt else ()

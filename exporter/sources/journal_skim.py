@@ -95,7 +95,8 @@ def _screen() -> Screen:
     """Every rule and settings pattern of every engine: a unit's engine is chosen before the skim. Not a benign rule:
     a line it matches is one no rule reads, as a line no rule matches is."""
     loaded = list(grammars.load_all().values())
-    return Screen([p for g in loaded for p in (*(r.pattern for r in g.rules if not r.benign), *g.settings)], raw=True)
+    patterns = {p.pattern: p for g in loaded for p in (*(r.pattern for r in g.rules if not r.benign), *g.settings)}
+    return Screen(list(patterns.values()), raw=True)  # once each: the shared vocabulary is under every engine
 
 
 def read_slice(plan: Plan, since: int | None, until: int | None) -> Slice:
@@ -314,7 +315,9 @@ def skim(path: Path, silence: float, only: frozenset[str] = frozenset(),
     if len(ranges) == 1:
         chosen = {} if forced else choose_engines(path, units)
         return chosen, _in_order(path, (read_slice(plan, since, until) for since, until in ranges))
-    _screen()  # built before the fork: every worker inherits it
+    _screen()  # built before the fork, and each grammar's (the fold's and choose_engines'): every worker inherits them
+    for loaded in grammars.load_all().values():
+        loaded.screen, loaded.own_screen  # noqa: B018
     pool = ProcessPoolExecutor(min(len(ranges), len(os.sched_getaffinity(0))), get_context("fork"),
                                initializer=_quiet)
     try:

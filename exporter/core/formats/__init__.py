@@ -54,8 +54,4 @@ def read(head: list[bytes], lines: Iterable[bytes], *, unit: str, year: int) -> 
     (paste.repaired). The live agent never reads through here."""
     if frame := paste.frame(head):
         head, lines = list(paste.unframed(head, frame)), paste.unframed(lines, frame)
-    return map(_repaired, entries(lines, detect(head), unit=unit, year=year))
-
-
-def _repaired(entry: tuple[float | None, Fields]) -> tuple[float | None, Fields]:
-    return entry[0], paste.repaired(entry[1])
+    return ((t, paste.repaired(fields)) for t, fields in entries(lines, detect(head), unit=unit, year=year))

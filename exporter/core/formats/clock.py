@@ -150,15 +150,9 @@ def engine_own(head: bytes) -> bool:
     return any(layout.own and layout.pattern.match(head) for layout in layouts())
 
 
-def parts(found: re.Match[bytes]) -> tuple[bytes | None, ...]:
-    """A layout's match as stamp()'s groups."""
-    named = found.groupdict()
-    return tuple(named.get(part) for part in PARTS)
-
-
 def at(found: re.Match[bytes], years: Years, tz: tzinfo | None) -> float | None:
     """Seconds since the epoch of a layout's match: without a year, in `years`' year; without a zone, in `tz`."""
-    y, mo, d, hh, mm, ss, part, offset = parts(found)
+    y, mo, d, hh, mm, ss, part, offset = map(found.groupdict().get, PARTS)
     if y is None:
         return years.at(int(mo or 0), int(d or 0), (int(hh or 0), int(mm or 0), int(ss or 0)), fraction(part))
     return stamp((y, mo, d, hh, mm, ss, part, offset), tz)

@@ -3,6 +3,7 @@ a pasted command starts the process, a prompt alone after its output says it end
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 from collections.abc import Iterable, Iterator
@@ -84,14 +85,9 @@ def _head(lines: Iterable[bytes], unit: str) -> tuple[Iterable[bytes], tuple[int
         body, fields = service(line(raw), unit)
         if isinstance(named := fields.get("SYSLOG_IDENTIFIER"), str):
             services.add(named)
-        found = _printed(body)
-        parts = clock.parts(found) if found else ()
-        if not parts or parts[0] is None:
-            continue
-        year = year or int(parts[0])
-        if zone is None and parts[7]:
-            try:
-                zone = clock.zone(parts[7], None)
-            except ValueError:  # an offset of 24 hours or more: none
-                pass
+        named = found.groupdict() if (found := _printed(body)) else {}
+        year = year or int(named.get("year") or 0) or None
+        if zone is None and named.get("year") and named.get("zone"):
+            with contextlib.suppress(ValueError):  # an offset of 24 hours or more: none
+                zone = clock.zone(named["zone"], None)
     return itertools.chain(head, rest), (year, zone), services
