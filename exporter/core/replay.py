@@ -135,8 +135,8 @@ class _Unit:
 class Replay:
     """The fold of a whole saved log, unit by unit.
 
-    `chosen`: engines (and their evidence, as choose_engine gives them) already chosen for some units from their first SNIFF
-    records, by a reader that saw those records before it skimmed the rest (exporter.sources.journal_skim).
+    `chosen`: engines (and their evidence, as choose_engine gives them) already chosen for some units from their
+    first SNIFF records, by a reader that saw those records before it skimmed the rest (exporter.sources.journal_skim).
 
     Times that cannot lie: a line without a time of its own takes the time of the last line before it
     that has one, else of the first after it; nothing is dated before the log's first time (a `\r` bar
@@ -274,7 +274,8 @@ class Replay:
             if before is not None and unit.state.previous is not None:
                 unit.earlier.append(unit.state.previous)
         if isinstance(obs, Lifecycle):
-            unit.from_start = obs.event is Event.STARTED if unit.from_start is None else unit.from_start
+            if unit.from_start is None:  # the attempt's first word says whether the log holds its start
+                unit.from_start = obs.event is Event.STARTED
         # the lines until the attempt's first own marker, and those that moved it: what the report rests on (basis)
         elif (not unit.marks[0] or _moves(before) != _moves(after)) and (found := grammars.match(grammar, obs.text)):
             if found.phase or found.reason or found.stops:

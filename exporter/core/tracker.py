@@ -261,6 +261,7 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
 
 
 def _says_less(reason: Reason | None, attempt: Attempt) -> bool:
+    """Whether a failure's reason says less of why the start died than the one it already has (REASON_DETAIL)."""
     assert attempt.reason is not None
     return reason is not None and REASON_DETAIL.get(reason, 3) < REASON_DETAIL.get(attempt.reason, 3)
 
