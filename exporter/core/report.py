@@ -312,12 +312,12 @@ def replay_text(result: Replayed) -> Iterator[str]:
     tries = f"  [start {doc['attempts']} of {doc['attempts']} in this log]" if doc["attempts"] > 1 else ""
     begins = "" if doc["from_start"] else "  [the log begins mid-start: a start already under way]"
     yield f"{doc['unit']} ({about}): {_said(doc)}{tries}{begins}"
-    yield f"  basis: {BASES[result.basis].format(engine=result.engine)}"
     # the starts before the last: why each ended (a log of a restart loop says it here)
     first = doc["attempts"] - len(doc["earlier_starts"])
     for number, earlier in enumerate(doc["earlier_starts"], first):
         at = f" at {earlier['start'][11:19]}" if earlier["start"] else ""
         yield f"  start {number} of {doc['attempts']}{at}: {_said(earlier)}"
+    yield f"  basis: {BASES[result.basis].format(engine=result.engine)}"
     for span in doc["phases"]:
         start = (span["start"] or "")[11:23]
         took = duration(span["duration_seconds"]) if span["duration_seconds"] is not None else ""

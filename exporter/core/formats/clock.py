@@ -36,7 +36,7 @@ RFC3339 = rb"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)" + FRACTION + ZONE
 _WHOLE_RFC3339 = re.compile(RFC3339)
 
 
-def zone(raw: bytes | None, default: tzinfo | None) -> tzinfo | None:
+def zone_of(raw: bytes | None, default: tzinfo | None) -> tzinfo | None:
     if not raw:
         return default
     if raw == b"Z":
@@ -64,7 +64,7 @@ def stamp(groups: tuple[bytes | None, ...], default: tzinfo | None) -> float | N
     epoch, in `default` when the zone is absent; None for an impossible time or zone."""
     y, mo, d, hh, mm, ss, part, *offset = groups
     try:
-        tz = zone(offset[0] if offset else None, default)
+        tz = zone_of(offset[0] if offset else None, default)
     except ValueError:  # an offset of 24 hours or more
         return None
     t = epoch(int(y or 0), int(mo or 0), int(d or 0), (int(hh or 0), int(mm or 0), int(ss or 0)), tz)
@@ -139,7 +139,7 @@ def layouts() -> tuple[grammar.Layout, ...]:
     return tuple(layout for g in grammar.load_all().values() for layout in g.times)
 
 
-def printed(head: bytes) -> re.Match[bytes] | None:
+def printed_time(head: bytes) -> re.Match[bytes] | None:
     """The time a line of an engine's own output starts with (its colour codes gone), in one of the layouts."""
     return next((found for layout in layouts() if (found := layout.pattern.match(head))), None)
 
@@ -150,7 +150,7 @@ def engine_own(head: bytes) -> bool:
     return any(layout.own and layout.pattern.match(head) for layout in layouts())
 
 
-def at(found: re.Match[bytes], years: Years, tz: tzinfo | None) -> float | None:
+def time_of(found: re.Match[bytes], years: Years, tz: tzinfo | None) -> float | None:
     """Seconds since the epoch of a layout's match: without a year, in `years`' year; without a zone, in `tz`."""
     y, mo, d, hh, mm, ss, part, offset = map(found.groupdict().get, PARTS)
     if y is None:

@@ -8,15 +8,15 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from exporter.core.formats import clock
+from exporter.core.formats.clock import RFC3339, rfc3339, stamp
 from exporter.core.formats.fields import HEAD, Fields, line, of_unit, text
 from exporter.core.lines import ANSI
 
 MAX_LINE = 1024 * 1024  # a line joined from parts ends here: a writer that never ends its line cannot fill memory
 # The CRI logging format (kubelet's CRI spec): RFC 3339 time, stream, tags (P: a part of a longer line,
 # F: the end of one), one space, the content. containerd writes Go's RFC3339Nano, whose zeros are trimmed.
-CRI_RECORD = re.compile(clock.RFC3339 + rb" (stdout|stderr) ([PF])(?::\S*)?(?: |$)")
-DOCKER_TIME = re.compile(clock.RFC3339 + rb"(?: |$)")  # docker logs -t, kubectl logs --timestamps
+CRI_RECORD = re.compile(RFC3339 + rb" (stdout|stderr) ([PF])(?::\S*)?(?: |$)")
+DOCKER_TIME = re.compile(RFC3339 + rb"(?: |$)")  # docker logs -t, kubectl logs --timestamps
 COMPOSE = re.compile(rb"([A-Za-z0-9][\w.-]*) +\| ?")  # `docker compose logs`' `service  | `
 KUBECTL_PREFIX = re.compile(rb"\[pod/([^/\]\s]+/[^/\]\s]+)\] ")  # `kubectl logs --prefix`: `[pod/NAME/CONTAINER] `
 ANSI_BYTES = re.compile(ANSI.pattern.encode())
@@ -45,7 +45,7 @@ def cri_record(raw: bytes) -> Record | None:
     tag = parts[2]
     if tag[:1] not in (b"P", b"F") or (len(tag) > 1 and tag[1:2] != b":"):
         return None
-    t = clock.rfc3339(parts[0])
+    t = rfc3339(parts[0])
     if t is None:
         return None
     return Record(t, stream, parts[3] if len(parts) > 3 else b"", tag[:1] == b"P")
@@ -61,7 +61,7 @@ def docker_json_record(raw: bytes) -> Record | None:
         return None
     said = log.encode("utf-8", "replace")  # a lone surrogate escaped in the JSON
     stream, when = entry.get("stream"), entry.get("time")
-    t = clock.rfc3339(when) if isinstance(when, str) else None
+    t = rfc3339(when) if isinstance(when, str) else None
     stream = stream if isinstance(stream, str) else "stdout"
     return Record(t, stream, said[:-1], False) if said.endswith(b"\n") else Record(t, stream, said, True)
 
@@ -103,7 +103,7 @@ def read_docker(lines: Iterable[bytes], unit: str) -> Iterator[tuple[float | Non
             continue
         body, fields = service(body, unit)
         t: float | None = None
-        if (found := DOCKER_TIME.match(body[:HEAD])) and (t := clock.stamp(found.groups(), None)) is not None:
+        if (found := DOCKER_TIME.match(body[:HEAD])) and (t := stamp(found.groups(), None)) is not None:
             body = body[found.end() :]
         if body.strip():
             yield t, {**fields, "MESSAGE": text(body)}

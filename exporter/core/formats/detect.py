@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 
-from exporter.core.formats import clock
+from exporter.core.formats.clock import engine_own
 from exporter.core.formats.containers import CRI_RECORD, DOCKER_TIME
 from exporter.core.formats.fields import HEAD, line
 from exporter.core.formats.journal import FIELD_NAME
@@ -51,7 +51,7 @@ def _classify(body: bytes) -> Format | None:
             return Format.DOCKER_JSON
         return Format.PLAIN
     head = body[:HEAD]
-    if clock.engine_own(head):  # an engine's own head (TGI's), however much it looks like a prefix
+    if engine_own(head):  # an engine's own head (TGI's), however much it looks like a prefix
         return Format.PLAIN
     if (found := ISO_TIME.match(head)) and SYSLOG_HEAD.match(head, found.end()):
         return Format.SHORT_ISO

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from datetime import tzinfo
 
 from exporter.core.entries import SPAWN, MessageId
-from exporter.core.formats import clock
+from exporter.core.formats.clock import MONTHS, RFC3339, Years, fraction, stamp
 from exporter.core.formats.fields import HEAD, Fields, line, pid1, text
 
 # the time, then "host ident[pid]: " (host absent when the entry has no _HOSTNAME)
 SHORT_TIME = re.compile(
     rb"([^\s\d.]{3,12}\.?|\d{1,2}\xe6\x9c\x88) ?([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? "
 )
-ISO_TIME = re.compile(clock.RFC3339 + rb" ")
+ISO_TIME = re.compile(RFC3339 + rb" ")
 # "host ident[pid]: "; a host a user hid behind a placeholder may hold spaces (`<ollama server>`)
 SYSLOG_HEAD = re.compile(rb"(?:<[^<>]{1,64}> |[^\s\[\]:]+ )?([^\s\[\]:]+)(?:\[(\d+)\])?:(?: |$)")
 # journalctl's "-- Boot … --", "-- No entries --", "-- Logs begin at … --" lines
@@ -99,7 +99,7 @@ class _StatusHead:
     def read(self, said: bytes, tz: tzinfo | None) -> list[tuple[float | None, Fields]] | None:
         """PID 1's lines this line of the head says ([] for none yet), or None for a line of another kind."""
         if found := STATUS_ACTIVE.match(said):
-            self.since = clock.stamp((*found.groups()[2:], None), tz)
+            self.since = stamp((*found.groups()[2:], None), tz)
             if result := found["result"]:
                 self.failed.append((self.since, pid1(self.unit, MessageId.UNIT_FAILURE_RESULT,
                                                      f"{self.unit}: Failed with result '{result.decode()}'.",
@@ -117,7 +117,7 @@ class _StatusHead:
         return None
 
 
-def read_short(lines: Iterable[bytes], years: clock.Years, tz: tzinfo | None) -> Iterator[tuple[float | None, Fields]]:
+def read_short(lines: Iterable[bytes], years: Years, tz: tzinfo | None) -> Iterator[tuple[float | None, Fields]]:
     """journalctl short, short-precise and short-iso[-precise]; journalctl prints the later lines of
     a multi-line MESSAGE indented under the first, so they are joined back with \\n. `systemctl status`'s
     head above them says what PID 1 would have (_StatusHead)."""
@@ -184,13 +184,13 @@ def read_short(lines: Iterable[bytes], years: clock.Years, tz: tzinfo | None) ->
         yield from status.failed
 
 
-def _short_time(head: bytes, years: clock.Years, tz: tzinfo | None) -> tuple[float | None, int]:
+def _short_time(head: bytes, years: Years, tz: tzinfo | None) -> tuple[float | None, int]:
     """The time at the start of a short-format line and where it ends; (None, 0) without one."""
     if found := SHORT_TIME.match(head):
         month, day, hh, mm, ss, part = found.groups()
-        number = clock.MONTHS.get(month.rstrip(b".").decode("utf-8", "replace").lower().encode())
-        t = years.at(number, int(day), (int(hh), int(mm), int(ss)), clock.fraction(part)) if number else None
+        number = MONTHS.get(month.rstrip(b".").decode("utf-8", "replace").lower().encode())
+        t = years.at(number, int(day), (int(hh), int(mm), int(ss)), fraction(part)) if number else None
         return t, found.end()
     if found := ISO_TIME.match(head):
-        return clock.stamp(found.groups(), tz), found.end()
+        return stamp(found.groups(), tz), found.end()
     return None, 0

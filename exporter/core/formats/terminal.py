@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from datetime import tzinfo
 
 from exporter.core.entries import MessageId
-from exporter.core.formats import clock
+from exporter.core.formats.clock import Years, printed_time, time_of, zone_of
 from exporter.core.formats.containers import ANSI_BYTES, service
 from exporter.core.formats.fields import HEAD, Fields, line, pid1, text
 
@@ -31,7 +31,7 @@ def read_plain(lines: Iterable[bytes], unit: str, year: int, tz: tzinfo | None) 
     prefix lost it (a `\r` bar redrawn over it) and is that service's."""
     lines, (printed_year, printed_zone), services = _head(lines, unit)
     tz = tz or printed_zone
-    years = clock.Years(printed_year or year, tz)
+    years = Years(printed_year or year, tz)
     only: Fields = {"SYSLOG_IDENTIFIER": services.pop()} if len(services) == 1 else {}
     unit = f"{only['SYSLOG_IDENTIFIER']}.service" if only else unit
     output = False  # a line of the process's own since its command
@@ -65,12 +65,12 @@ def read_plain(lines: Iterable[bytes], unit: str, year: int, tz: tzinfo | None) 
 
 def _printed(body: bytes) -> re.Match[bytes] | None:
     head = body[:HEAD]
-    return clock.printed(ANSI_BYTES.sub(b"", head) if b"\x1b" in head else head)
+    return printed_time(ANSI_BYTES.sub(b"", head) if b"\x1b" in head else head)
 
 
-def _time(body: bytes, years: clock.Years, tz: tzinfo | None) -> float | None:
+def _time(body: bytes, years: Years, tz: tzinfo | None) -> float | None:
     found = _printed(body)
-    return clock.at(found, years, tz) if found else None
+    return time_of(found, years, tz) if found else None
 
 
 def _head(lines: Iterable[bytes], unit: str) -> tuple[Iterable[bytes], tuple[int | None, tzinfo | None], set[str]]:
@@ -89,5 +89,5 @@ def _head(lines: Iterable[bytes], unit: str) -> tuple[Iterable[bytes], tuple[int
         year = year or int(named.get("year") or 0) or None
         if zone is None and named.get("year") and named.get("zone"):
             with contextlib.suppress(ValueError):  # an offset of 24 hours or more: none
-                zone = clock.zone(named["zone"], None)
+                zone = zone_of(named["zone"], None)
     return itertools.chain(head, rest), (year, zone), services
