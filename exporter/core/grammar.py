@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
+from exporter.core.entries import SPAWN
 from exporter.core.groups import FIELDS as GROUP
 from exporter.core.model import REASON_DETAIL, STARTUP_ORDER, Phase, Reason, frozen_map
-from exporter.core.screen import Screen
+from exporter.core.screen import Screen, any_pattern
 
 # Engine-reported values a grammar may extract, with their help text. A rule names one in a group
 # as `<value>__<unit>`, e.g. `(?P<model_weights_bytes__gib>[\d.]+)`; the unit scales it to base units.
@@ -375,6 +376,20 @@ def launch_flags() -> tuple[re.Pattern[str], ...]:
 def load_all() -> Mapping[str, Grammar]:
     """Every shipped grammar by engine, in ENGINES order: the one place the grammars are loaded from."""
     return frozen_map({engine: load(engine) for engine in ENGINES})
+
+
+@functools.cache
+def worth_folding() -> bytes:
+    """The pattern of an AnyOf (exporter.core.screen) that says whether a unit's raw MESSAGE might tell its fold
+    more than its time: any rule or settings pattern of any engine (a unit's engine may be named after its
+    lines are read), or systemd's word, from the unit's own cgroup, that it could not run the command. A line
+    it rules out only moves the last-log time on: the skims of the journal (the reader child's, replay's) hand
+    over few of them. Not a benign rule's: a line it matches is one no rule reads, as a line no rule matches is.
+    Bytes, not compiled: the agent sends it to its reader child."""
+    loaded = load_all().values()
+    # once each: the shared vocabulary is under every engine
+    patterns = {p.pattern: p for g in loaded for p in (*(r.pattern for r in g.rules if not r.benign), *g.settings)}
+    return any_pattern([*patterns.values(), SPAWN], raw=True)
 
 
 def match(grammar: Grammar, record: str, settled: bool = False, own: bool = False) -> Match | None:

@@ -51,3 +51,13 @@ def clean_records(message: str | bytes) -> list[str]:
     text = ANSI.sub("", text)
     parts = (part.strip("\n")[:MAX_RECORD] for part in text.split("\r"))
     return [part for part in parts if part.strip()]
+
+
+def blank(message: bytes) -> bool:
+    """Whether clean_records finds no record in a raw MESSAGE that fits a record: decided from its first byte
+    where that can (colour codes start with ESC and a \\r split leaves the first part whole, so a printable
+    first byte is a record), exactly otherwise."""
+    first = message.lstrip()[:1]
+    if b"!" <= first <= b"~":
+        return False
+    return not clean_records(message)  # only whitespace, or a control or non-ASCII byte first: decide exactly

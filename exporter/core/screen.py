@@ -91,6 +91,23 @@ def _re2(literals: frozenset[Literal]) -> bytes:
     return b"|".join(b"(?i:%s)" % escaped(t) if icase else escaped(t) for t, icase in sorted(literals))
 
 
+ANYWHERE = b"(?:)"  # matches anywhere: the pattern of a regex without a required literal, always a candidate
+
+
+def _alternatives(patterns: Sequence[re.Pattern[str]], raw: bool) -> list[bytes]:
+    """Entry 0, what makes a text pass every regex (a class no byte is in, when nothing does); then each
+    regex's required literals as one RE2 alternation."""
+    literals = [required(pattern) for pattern in patterns]
+    icase = any(folded for found in literals for _, folded in found or ())
+    unsafe = b"|".join(([RAW] if raw else []) + ([NON_ASCII] if icase else []))
+    return [unsafe or b"[^\\x00-\\xff]"] + [_re2(found) if found else ANYWHERE for found in literals]
+
+
+def any_pattern(patterns: Sequence[re.Pattern[str]], raw: bool = False) -> bytes:
+    """The pattern of Screen(patterns, raw).any, without compiling the Screen: what AnyOf is built from."""
+    return b"|".join(_alternatives(patterns, raw))
+
+
 class Screen:
     """The regexes, by index, that might match a text given as UTF-8 bytes.
 
@@ -99,24 +116,14 @@ class Screen:
     """
 
     def __init__(self, patterns: Sequence[re.Pattern[str]], raw: bool = False) -> None:
-        literals = [required(pattern) for pattern in patterns]
-        icase = any(folded for found in literals for _, folded in found or ())
-        unsafe = b"|".join(([RAW] if raw else []) + ([NON_ASCII] if icase else []))
-        options = re2.Options()
-        options.encoding = re2.Options.Encoding.LATIN1  # a byte is a character: any bytes can be screened
-        # RE2's DFA for every engine's literals at once (replay's skim) outgrows the default 8 MiB budget: it
-        # then falls back to the NFA, several times slower, and logs `DFA out of memory` to stderr each time.
-        # A budget, not an allocation: the states are built as texts need them.
-        options.max_mem = 64 << 20
-        self._set = re2.Set.SearchSet(options)
-        # entry 0; a class no byte is in, when nothing is unsafe; (?:) matches anywhere: always a candidate
-        alternatives = [unsafe or b"[^\\x00-\\xff]"] + [_re2(found) if found else b"(?:)" for found in literals]
+        self._set = re2.Set.SearchSet(_options())
+        alternatives = _alternatives(patterns, raw)
         for alternative in alternatives:
             self._set.Add(alternative)
         self._set.Compile()
-        self._any = re2.compile(b"|".join(alternatives), options)
+        self._pattern = b"|".join(alternatives)
         self.everything = tuple(range(len(patterns)))
-        self.unscreened = tuple(i for i, found in enumerate(literals) if found is None)
+        self.unscreened = tuple(i for i, alternative in enumerate(alternatives[1:]) if alternative == ANYWHERE)
 
     def candidates(self, data: bytes) -> tuple[int, ...]:
         """The indices, in order, of the patterns that might match `data`; () when none can."""
@@ -132,11 +139,46 @@ class Screen:
         """Whether any pattern might match `data`."""
         return self._set.Match(data) is not None
 
+    @functools.cached_property
+    def any(self) -> AnyOf:
+        """Whether any pattern might match: compiled when first asked (replay screens batches of records with it;
+        the agent, which asks each line's candidates, never does: 0.1 MiB of RE2 per grammar kept)."""
+        return AnyOf(self._pattern)
+
     def which_may_match(self, texts: Sequence[bytes]) -> set[int]:
-        """The indices of the texts any pattern might match: one scan of them all, where `may_match`
-        costs a call per text. They are joined with NULs, which no literal of a grammar holds (a
-        literal that did would only make a text pass needlessly); after a text passes, the scan
-        goes on from the next one's start."""
+        """The indices of the texts any pattern might match (AnyOf.which_may_match)."""
+        return self.any.which_may_match(texts)
+
+
+def _options() -> re2.Options:
+    options = re2.Options()
+    options.encoding = re2.Options.Encoding.LATIN1  # a byte is a character: any bytes can be screened
+    # RE2's DFA for every engine's literals at once (replay's skim) outgrows the default 8 MiB budget: it
+    # then falls back to the NFA, several times slower, and logs `DFA out of memory` to stderr each time.
+    # A budget, not an allocation: the states are built as texts need them.
+    options.max_mem = 64 << 20
+    return options
+
+
+class AnyOf:
+    """Whether any of a Screen's patterns might match a text: the one alternation of all their literals.
+
+    It is all of a Screen that the journal reader child needs (exporter.sources.journal_catchup), and it
+    crosses the pipe as that alternation's bytes: the child loads no grammar.
+    """
+
+    def __init__(self, pattern: bytes) -> None:
+        self.pattern = pattern
+        self._any = re2.compile(pattern, _options())
+
+    def __reduce__(self) -> tuple[type[AnyOf], tuple[bytes]]:
+        return AnyOf, (self.pattern,)
+
+    def which_may_match(self, texts: Sequence[bytes]) -> set[int]:
+        """The indices of the texts any pattern might match: one scan of them all, where a call per text
+        costs more. They are joined with NULs, which no literal of a grammar holds (a literal that did
+        would only make a text pass needlessly); after a text passes, the scan goes on from the next
+        one's start."""
         together = b"\0".join(texts)
         found = self._any.search(together) if texts else None
         if found is None:  # what a batch of serving lines comes to

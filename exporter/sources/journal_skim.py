@@ -35,10 +35,10 @@ from systemd import journal
 
 from exporter.core import grammar as grammars
 from exporter.core.entries import to_observations
-from exporter.core.lines import MAX_RECORD, clean_records
+from exporter.core.lines import MAX_RECORD, blank, clean_records
 from exporter.core.model import LogLine
 from exporter.core.replay import SNIFF, choose_engine, unit_of
-from exporter.core.screen import Screen
+from exporter.core.screen import AnyOf, Screen
 from exporter.sources.journal import fields_of
 from exporter.sources.journal_file import _failed, _open, read_journal_file
 
@@ -91,12 +91,10 @@ class _Unreliable(Exception):
 
 
 @functools.cache
-def _screen() -> Screen:
-    """Every rule and settings pattern of every engine: a unit's engine is chosen before the skim. Not a benign rule:
-    a line it matches is one no rule reads, as a line no rule matches is."""
-    loaded = list(grammars.load_all().values())
-    patterns = {p.pattern: p for g in loaded for p in (*(r.pattern for r in g.rules if not r.benign), *g.settings)}
-    return Screen(list(patterns.values()), raw=True)  # once each: the shared vocabulary is under every engine
+def _screen() -> AnyOf:
+    """Whether a line might matter to a fold beyond its time (grammar.worth_folding): a unit's engine is chosen
+    before the skim."""
+    return AnyOf(grammars.worth_folding())
 
 
 def read_slice(plan: Plan, since: int | None, until: int | None) -> Slice:
@@ -158,7 +156,7 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
             _hand_over(line, (t / 1e6, fields), kept)
             if clean_records(message):  # no record, no line: the fold sees nothing
                 line.t, line.invocation = t, invocation
-        elif not b"!" <= message[:1] <= b"~" and _blank(message):  # a printable first byte: a record
+        elif not b"!" <= message[:1] <= b"~" and blank(message):  # a printable first byte: a record
             continue
         else:  # the same invocation as the line before: only the time moves
             hold((line, t, invocation, message))
@@ -209,15 +207,6 @@ def _whole(reader: journal.Reader, t: int, units: dict[bytes, _Line], kept: list
     if line is not None:
         line.invocation = None
     _hand_over(line, (t / 1e6, fields), kept)
-
-
-def _blank(message: bytes) -> bool:
-    """Whether clean_records finds no record in a message that fits a record (colour codes start
-    with ESC and a \\r split leaves the first part whole, so a printable first byte is a record)."""
-    first = message.lstrip()[:1]
-    if b"!" <= first <= b"~":
-        return False
-    return not clean_records(message)  # only whitespace, or a control or non-ASCII byte first: decide exactly
 
 
 # ---- the parent: plan, choose engines, run the slices ----
@@ -284,7 +273,7 @@ def choose_engines(path: Path, units: frozenset[bytes]) -> dict[str, tuple[str, 
                 if len(message) <= MAX_RECORD and not may_count(message):
                     # no rule nor mention of any engine matches it, and with no \r nor colour it is one
                     # record (or none, blank): it counts towards SNIFF and scores nothing, unread
-                    if not _blank(message):
+                    if not blank(message):
                         records.append("")
                     continue
                 fields = fields_of(reader)
