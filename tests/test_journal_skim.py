@@ -169,6 +169,21 @@ def test_most_of_a_serving_journal_is_skipped(tmp_path, parallel):
     assert replayed(chosen, handed, 60.0) == replayed({}, read_journal_file(path), 60.0)
 
 
+def test_a_long_serving_run_is_no_silence(tmp_path, parallel):
+    """A server that answers a request every 10 ms for 40 s is never silent for 5 s: the skim, which drops
+    nearly every one of those lines, hands over enough of them that the fold sees no silence in its start
+    (it saw one from the start's last phase marker to the line before the next line handed over)."""
+    t, own = 1_764_400_000_000_000, {"_SYSTEMD_UNIT": "vllm-a.service", "_TRANSPORT": "stdout", "_PID": "4000",
+                                     "_SYSTEMD_INVOCATION_ID": "a" * 32}
+    stream = []
+    for at, message in enumerate([*VLLM, *[SERVING[0]] * 4000]):
+        stream.append(_entry(t + at * (500_000 if at < len(VLLM) else 10_000), **own, MESSAGE=message))
+    path = build(tmp_path, b"".join(stream))
+    whole = replayed({}, read_journal_file(path), 5.0)
+    assert replayed(*journal_skim.skim(path, 5.0), 5.0) == whole
+    assert whole[0].state.attempt.phase == "ready" and not whole[0].state.attempt.gaps
+
+
 def test_a_clock_that_went_back_is_read_in_order(tmp_path, parallel, monkeypatch):
     """Slices are realtime ranges; from the first that does not start where the one before it
     stopped, the rest of the file is read whole and in order."""

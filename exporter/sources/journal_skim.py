@@ -70,7 +70,7 @@ class Slice:
 class _Line:
     """A unit's last line in the slice, and whether its next line must be handed over."""
 
-    __slots__ = ("held", "invocation", "t", "unit")
+    __slots__ = ("held", "invocation", "kept", "t", "unit")
 
     def __init__(self, unit: bytes) -> None:
         self.unit = unit
@@ -79,6 +79,10 @@ class _Line:
         # first since PID 1 spoke of it (what the fold compares a line with has changed)
         self.invocation: bytes | None = None
         self.held: Candidate | None = None  # its last line, dropped unless the next one is handed over
+        # the last line held and handed over (one no rule could match: it surely moved the last-log time): a line
+        # a silence after it hands over the one held, so that the lines handed over lie a silence apart only
+        # where the fold records one (exporter.sources.journal_catchup's skim, which says why, does the same)
+        self.kept = 0
 
 
 # A line no rule but the screen's could keep: its unit's _Line, realtime µs, invocation, MESSAGE.
@@ -139,7 +143,7 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
         line = lines.get(invocation)
         if line is None:
             if invocation not in owners:  # not one of the units read line by line
-                _screen_pending(pending, kept)
+                _screen_pending(pending, kept, silence)
                 _whole(reader, t, units, kept)
             continue  # else a unit not asked for
         try:
@@ -149,7 +153,7 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
         # handed over whatever the screen says: a new invocation (or the unit's first line, or the first
         # since PID 1 spoke of it), the first after a silence, and a message longer than a record
         if invocation != line.invocation or t - line.t >= silence or len(message) > longest:
-            _screen_pending(pending, kept)
+            _screen_pending(pending, kept, silence)
             fields = fields_of(reader)
             if fields.get("_SYSTEMD_UNIT") != line.unit:
                 raise _Unreliable(f"invocation {invocation!r} is not only {line.unit!r}'s")
@@ -162,15 +166,16 @@ def _skim(reader: journal.Reader, plan: Plan, until: int) -> Slice:
             hold((line, t, invocation, message))
             line.t = t
             if len(pending) == batch:
-                _screen_pending(pending, kept)
-    _screen_pending(pending, kept)
+                _screen_pending(pending, kept, silence)
+    _screen_pending(pending, kept, silence)
     kept += [_entry(line.held) for line in units.values() if line.held is not None]
     return out
 
 
-def _screen_pending(pending: list[Candidate], kept: list[Entry]) -> None:
+def _screen_pending(pending: list[Candidate], kept: list[Entry], silence: int) -> None:
     """Screen the candidates (exporter.core.screen, on the raw bytes): hand over those that might match a
-    rule of any engine, each after its unit's line held before it; the rest are held in turn.
+    rule of any engine, each after its unit's line held before it; the rest are held in turn, the one held
+    handed over once a line comes a silence after its unit's last line held and handed over (`_Line.kept`).
     Done before anything else is handed over, so that what is handed over stays in order."""
     if not pending:
         return
@@ -179,8 +184,10 @@ def _screen_pending(pending: list[Candidate], kept: list[Entry]) -> None:
         line = candidate[0]
         if at in passing:
             _hand_over(line, _entry(candidate), kept)
-        else:
-            line.held = candidate
+            continue
+        if candidate[1] - line.kept >= silence:
+            _hand_over_held(line, kept)
+        line.held = candidate
     pending.clear()
 
 
@@ -191,10 +198,15 @@ def _entry(candidate: Candidate) -> Entry:
 
 def _hand_over(line: _Line | None, entry: Entry, kept: list[Entry]) -> None:
     """Hand over an entry, after the line held before it: the fold sees when the unit last spoke."""
-    if line is not None and line.held is not None:
-        kept.append(_entry(line.held))
-        line.held = None
+    if line is not None:
+        _hand_over_held(line, kept)
     kept.append(entry)
+
+
+def _hand_over_held(line: _Line, kept: list[Entry]) -> None:
+    if line.held is not None:
+        kept.append(_entry(line.held))
+        line.kept, line.held = line.held[1], None
 
 
 def _whole(reader: journal.Reader, t: int, units: dict[bytes, _Line], kept: list[Entry]) -> None:
