@@ -138,12 +138,13 @@ def test_a_units_earlier_lines_are_this_boots_only(journal_folder, reading):
 def test_a_catch_up_is_handed_over_at_the_readers_pace_not_at_the_agents_rounds(journal_folder, reading):
     """Agent.run's loop, with a round every 30 s: while the reader is behind, the next drain comes once a
     backlog's worth is read, so 40 batches arrive in seconds, not in one round each (a round per 16,000
-    lines made a first start over 10 M serving lines take tens of minutes)."""
+    lines made a first start over 10 M serving lines take tens of minutes). The lines are health probes, which
+    a rule reads (a heartbeat): a catch-up hands each of them over."""
     first = uuid.uuid4().hex
     lines = 40_000
     _write(journal_folder / "earlier.journal", *(
         _entry(60 - i / 1000, _SYSTEMD_UNIT=UNIT, _PID="4242", _TRANSPORT="stdout", _SYSTEMD_INVOCATION_ID=first,
-               MESSAGE=f"INFO:     10.0.0.7:51234 - \"POST /v1/completions HTTP/1.1\" 200 OK #{i}")
+               MESSAGE=f"INFO:     10.0.0.7:51234 - \"GET /health HTTP/1.1\" 200 OK #{i}")
         for i in range(lines)))
     reading.watch([UNIT])
     reading.start()

@@ -61,7 +61,7 @@ class Runtime:
         known = recorder.checkpoint() if recorder else None  # what the agent before this one knew
         resume = (known.cursor, frozenset(known.states)) if known and known.cursor else None
         place = JournalPlace(config.namespace, config.directory)
-        journal = JournalSource(place, resume=resume)
+        journal = JournalSource(place, resume=resume, silence=config.silence)
         containers = ContainerSource(config.pods, config.docker) if config.pods or config.docker else None
         # always there: where a silent unit's processes wait is read from /proc even without stacks
         stacks = StackSource(config.interval, config.stack_every, python=config.stacks)

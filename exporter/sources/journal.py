@@ -76,25 +76,27 @@ class Follower:
     `send(kind, payload)` hands results over: ("lines", (observations, cursor)) where cursor is the
     position of the last entry read live, ("through", t) once every entry written before the monotonic
     time t was sent, ("ready", units) once a unit's earlier lines were all sent, ("ok", detail) and
-    ("down", reason).
+    ("down", reason). `read_earlier(units, until)` reads newly watched units' lines of this boot up to
+    the entry `until` and sends them (exporter.sources.journal_catchup).
     """
 
     def __init__(
         self,
         place: JournalPlace,
         send: Callable[[str, object], None],
+        read_earlier: Callable[[list[str], str | None], None],
         cursor: str | None = None,
         backfilled: frozenset[str] = frozenset(),
         resuming: bool = False,
     ) -> None:
         self.place = place
         self._send = send
-        self.cursor = cursor
+        self._read_earlier = read_earlier
+        self.cursor = cursor  # the live reader's position: newly watched units are read up to it
         self.units = backfilled
         # The backfilled units are a checkpoint's: read up to the cursor only if it can be used; if it
         # cannot, they are read from this boot's start as new units are.
         self._resuming = resuming
-        self._position = 0  # realtime µs of the newest live entry: backfills read up to it
 
     def follow(self, new_units: Callable[[], frozenset[str]], stopping: Callable[[], bool]) -> None:
         backoff = 1.0
@@ -123,7 +125,6 @@ class Follower:
                     if not reader._next():
                         break
                     fields, t = _entry(reader)
-                    self._position = reader._get_realtime()
                     batch += to_observations(fields, t, self.units)
                     if len(batch) >= BATCH:  # keep each message small; the cursor says how far
                         self._hand_over(batch, reader)
@@ -145,7 +146,6 @@ class Follower:
             try:
                 reader.seek_cursor(self.cursor)
                 if reader._next():
-                    self._position = reader._get_realtime()
                     if reader.test_cursor(self.cursor):  # the entry at the cursor was processed
                         self._send("seek", (True, ""))
                         return []
@@ -165,10 +165,9 @@ class Follower:
         reader.seek_tail()
         reader.get_previous()
         try:
-            self._position = reader._get_realtime()
             self.cursor = reader._get_cursor()
         except OSError:  # an empty journal
-            self._position = 0
+            pass
         self._send("lines", ([], self.cursor))
         return []
 
@@ -184,30 +183,6 @@ class Follower:
         """Read this boot's entries of newly watched units up to where the live reader stands."""
         if not added:
             return
-        reader = self.place.open()
-        try:
-            for unit in sorted(added):
-                reader.add_match(_SYSTEMD_UNIT=unit)
-                reader.add_disjunction()
-                reader.add_match(_PID="1", UNIT=unit)  # two fields of one match: both must hold
-                reader.add_disjunction()
-                reader.add_match(OBJECT_SYSTEMD_UNIT=unit)  # journald's notices about it
-                reader.add_disjunction()
-                reader.add_match(CONTAINER_NAME=unit)  # a container's output, from the journald log driver
-                reader.add_disjunction()
-            # This boot's, all of them: a boot match added first would bind only the first of the terms above,
-            # and a host's months of journal hold earlier boots' starts (sd_journal_add_match(3)).
-            reader.add_conjunction()
-            reader.this_boot()
-            batch: list[Observation | XidError] = []
-            while reader._next() and reader._get_realtime() <= self._position:
-                fields, t = _entry(reader)
-                batch += to_observations(fields, t, added)
-                if len(batch) >= BATCH:
-                    self._send("lines", (batch, None))
-                    batch = []
-            self._send("lines", (batch, None))
-        finally:
-            reader.close()
+        self._read_earlier(sorted(added), self.cursor)
         self.units |= added
         self._send("ready", self.units)

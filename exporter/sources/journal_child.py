@@ -3,7 +3,9 @@
 Run as `python -m exporter.sources.journal_child COMMANDS RESULTS` (two inherited pipe fds) by
 exporter.sources.journal_process, which holds the parent's side. It imports only what reading needs, not
 the parent's threads, queues and subprocesses: every module a second interpreter loads is memory the agent
-holds twice.
+holds twice. Newly watched units' earlier lines are read in a process forked for it
+(exporter.sources.journal_catchup): what that reading loads and maps (its module, RE2's screen, a thread,
+the journal files it reads through) is given back when it ends, and a SIGBUS there kills only it.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import signal
 import struct
 import sys
+from collections.abc import Callable
 
-from exporter.sources.journal import Follower
+from exporter.sources.journal import Follower, JournalPlace
 
 HEADER = struct.Struct("<I")
 
@@ -52,11 +56,55 @@ class Pipe:
         os.close(self.fd)
 
 
+def catch_up(work: Callable[[], None], inbox: Pipe, new_units: Callable[[], frozenset[str]],
+             stopping: Callable[[], bool]) -> None:
+    """Run `work` in a forked process and wait for it, still taking the parent's commands (its stop ends both).
+    It writes to the parent's pipe itself, while this process writes nothing. OSError when it fails."""
+    worker = os.fork()
+    if worker == 0:
+        code = 1
+        try:
+            work()
+            code = 0
+        except BaseException:  # noqa: BLE001 - said on stderr, the agent's; the reader tries again
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)  # nothing of this process's to clean up: that is the reader's
+    try:
+        while True:
+            done, status = os.waitpid(worker, os.WNOHANG)
+            if done:
+                break
+            if stopping():
+                raise SystemExit(0)
+            inbox.ready(0.05)
+            new_units()  # SystemExit on the parent's stop
+    except BaseException:
+        os.kill(worker, signal.SIGKILL)
+        os.waitpid(worker, 0)
+        raise
+    code = os.waitstatus_to_exitcode(status)
+    if code:
+        why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        raise OSError(f"reading newly watched units' earlier lines failed ({why})")
+
+
+def _read_earlier(place: JournalPlace, screen: bytes, silence: float, send: Callable[[str, object], None],
+                  units: list[str], until: str | None) -> None:
+    from exporter.sources.journal_catchup import CatchUp  # here, in the forked process: see the module's doc
+
+    catchup = CatchUp(place, screen, silence, send)
+    for unit in units:
+        catchup.read(unit, until)
+
+
 def main(commands: int, results: int) -> None:
     """The child: follow the journal, send what it reads, stop with the parent."""
     inbox, outbox = Pipe(commands), Pipe(results)
     parent = os.getppid()
-    place, cursor, backfilled, resuming = inbox.receive()  # type: ignore[misc]
+    place, cursor, backfilled, resuming, screen, silence = inbox.receive()  # type: ignore[misc]
     watched: frozenset[str] = backfilled
 
     def new_units() -> frozenset[str]:
@@ -68,9 +116,17 @@ def main(commands: int, results: int) -> None:
             watched = payload
         return watched
 
+    def send(kind: str, payload: object) -> None:
+        outbox.send((kind, payload))
+
+    def stopping() -> bool:
+        return os.getppid() != parent
+
+    def read_earlier(units: list[str], until: str | None) -> None:
+        catch_up(lambda: _read_earlier(place, screen, silence, send, units, until), inbox, new_units, stopping)
+
     try:
-        Follower(place, lambda kind, payload: outbox.send((kind, payload)), cursor, backfilled, resuming).follow(
-            new_units, lambda: os.getppid() != parent)
+        Follower(place, send, read_earlier, cursor, backfilled, resuming).follow(new_units, stopping)
     except (BrokenPipeError, EOFError, SystemExit):  # the parent is gone or asked us to stop
         pass
 

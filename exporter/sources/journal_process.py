@@ -24,7 +24,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from exporter.core.model import Observation, XidError
+from exporter.core.grammar import worth_folding
+from exporter.core.model import Limits, Observation, XidError
 from exporter.sources.journal import BATCH, JournalPlace
 from exporter.sources.journal_child import Pipe
 from exporter.sources.status import SourceStatus
@@ -44,11 +45,14 @@ class JournalSource:
     `resume`: the cursor and the units of a checkpoint (exporter.core.checkpoint): the child goes on
     from the cursor, and those units count as read up to it once it says it could (`resumed`); when it
     cannot, `resume_lost` says why, and they are read from this boot's start as new units are.
+    `silence`: the fold's silence threshold (seconds): of a unit's earlier lines, the child hands over the
+    first after each silence this long, with those any rule might match (exporter.sources.journal_catchup).
     """
 
     def __init__(self, place: JournalPlace, wall: Callable[[], float] = time.time,
-                 resume: tuple[str, frozenset[str]] | None = None) -> None:
+                 resume: tuple[str, frozenset[str]] | None = None, silence: float = Limits().silence) -> None:
         self.place = place
+        self.silence = silence
         self._units: frozenset[str] = frozenset()
         self._out: queue.Queue[tuple[list[Observation | XidError], str | None]] = queue.Queue(BACKLOG)
         self._cut = False  # the last batch was cut at its size: the child has more to send
@@ -132,7 +136,7 @@ class JournalSource:
         backfilled = self._resume_units if self._resuming else self.ready_units
         sent: frozenset[str] = backfilled
         try:
-            outbox.send((self.place, self.cursor, backfilled, self._resuming))
+            outbox.send((self.place, self.cursor, backfilled, self._resuming, worth_folding(), self.silence))
             while not self._stop.is_set():
                 if self._units != sent:
                     outbox.send(("watch", self._units))
