@@ -224,7 +224,12 @@ class Agent:
         deadline = self._clock() + timeout
         self.tick()
         while not self._warm() and self._clock() < deadline:
-            time.sleep(0.05)
+            if set(self.names.units) <= self.journal.ready_units:
+                time.sleep(0.05)  # read: their processes are sampled, and folded after their lines, in the next rounds
+            else:
+                # a round once a batch is read or the units are, not on a timer: the rounds' samples would take the
+                # CPU the reading needs (0.25 s at most: a unit discovered meanwhile is watched at the next)
+                self.journal.settle(min(0.25, max(0.0, deadline - self._clock())))
             self.tick()
         return self.snapshot
 

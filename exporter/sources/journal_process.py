@@ -92,7 +92,8 @@ class JournalSource:
         return self._cut
 
     def settle(self, timeout: float) -> None:
-        """Wait, at most `timeout`, until a drain is worth a round: the backlog full or the child caught up."""
+        """Wait, at most `timeout`, until a drain is worth a round: the backlog full, the child caught up, or
+        newly watched units' earlier lines all read."""
         self._worth_draining.wait(timeout)
 
     def drain(self) -> list[Observation | XidError]:
@@ -195,6 +196,7 @@ class JournalSource:
             self.read_through = max(self.read_through, payload)  # type: ignore[call-overload]
         elif kind == "ready":
             self.ready_units = payload  # type: ignore[assignment]
+            self._worth_draining.set()
         elif kind == "ok":
             self.status.ok(str(payload))
         elif kind == "down":
