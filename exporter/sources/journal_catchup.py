@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 CHUNK = 8192  # lines read through an invocation's match between two checks against the unit's own
 SCREENED = 256  # lines screened at once: one scan of them all instead of a call each
+PENDING = 16  # segments read ahead of their checks, at most: what they hand over waits in memory
 SPAWN_TEXT = b"Failed at step"  # entries.SPAWN: the one line of a unit whose other fields (MESSAGE_ID) count
 NEVER = 2**64  # µs: after any time
 
@@ -154,9 +155,9 @@ class CatchUp:
                         lines.flush_matches()
                         lines.add_match(_SYSTEMD_INVOCATION_ID=run.invocation)
                         skim.run(lines, run, checker)
-                skim.end()
+                skim.end(checker)
             except Checked as failed:
-                skim.end(marks=False)  # PID 1's entries from here on come with the whole read
+                skim.give_up()  # what was checked, and the line before `after`; PID 1's come with the whole read
                 self._whole(lines, unit, until, failed.after)
             finally:
                 if checker is not None:
@@ -253,15 +254,16 @@ class _Skim:
         self.units = frozenset({unit})
         self.marks = marks  # PID 1's and journald's, to hand over among the lines
         self.mark = 0  # the next of them
-        self.out: Observed = []  # what the lines read since the last chunk ended hand over
+        self.out: Observed = []  # what the lines read since the last segment ended hand over
         self.checked: Observed = []  # checked, sent a full batch at a time: a batch cut short says the catch-up ended
         self.held: Held | None = None  # the last line dropped, with its invocation
         self.kept = -NEVER  # µs of the last line handed over that surely moved the last-log time; -NEVER: the
         # next line is handed over
         self.invocation = ""
-        # chunks read and not yet checked: (first, count, last, what they hand over, the state after them)
-        self.chunks: list[tuple[str, int, str, Observed, State]] = []
-        self.before = self._state()  # the state after the last chunk checked
+        # what was handed over, in segments queued until the chunk each ends is checked: (the chunk's first entry
+        # or None, what the segment hands over, the state after it); checks run behind the reading
+        self.segments: list[tuple[str | None, Observed, State]] = []
+        self.before = self._state()  # the state after the last segment checked
 
     def run(self, reader: journal.Reader, run: Run, checker: _Checker | None) -> None:
         """The run's lines, a chunk at a time; each checked against the unit's own match (`checker`; None: the
@@ -272,7 +274,7 @@ class _Skim:
         t = reader._get_monotonic()[0]
         self._marks(t)
         self._whole(reader, t)
-        self._commit()
+        self._segment(None, checker)
         start, count = run.first, 0
         times: list[int] = []
         messages: list[bytes] = []
@@ -284,6 +286,7 @@ class _Skim:
         screened = 0 if ended else SCREENED
         while not ended:  # every line of a start passes here: a `next`, its time and its MESSAGE, nothing more
             if not next_():  # the run's last line is gone (vacuumed under us?): not what was walked
+                self.out = []
                 self._check(checker, wait=True)
                 raise Checked(self._restore(self.before, start))
             t = monotonic()[0]
@@ -305,36 +308,48 @@ class _Skim:
                 self._screen(reader, times, messages, ahead=0)
                 if count >= CHUNK or ended:
                     here = reader._get_cursor()
-                    self.chunks.append((start, count, here, self.out, self._state()))
-                    self.out = []
                     if checker is not None:
                         checker.ask(start, count, here)
-                    self._check(checker, wait=ended)
+                    self._segment(start, checker)
                     start, count = here, 0
 
+    def end(self, checker: _Checker | None) -> None:
+        """The last line, which is when the unit last spoke, and PID 1's words after it; once every chunk is
+        checked, all of it sent."""
+        self._hand_over_held()
+        self._marks(NEVER)
+        self._segment(None, checker)
+        self._check(checker, wait=True)
+        self._send(everything=True)
+
+    def give_up(self) -> None:
+        """Send what was checked, and the line held then: a whole read goes on after it."""
+        self._hand_over_held()
+        self.checked += self.out
+        self.out = []
+        self._send(everything=True)
+
+    def _segment(self, first: str | None, checker: _Checker | None) -> None:
+        """Queue what was handed over since the last segment: to be sent once the chunk that began at the entry
+        `first` is checked (None: no chunk, nothing to check), after the segments before it."""
+        self.segments.append((first if checker is not None else None, self.out, self._state()))
+        self.out = []
+        self._check(checker, wait=len(self.segments) > PENDING)
+
     def _check(self, checker: _Checker | None, wait: bool) -> None:
-        """Send what the chunks checked so far hand over; from the first that failed, read whole instead."""
-        while self.chunks:
-            start, _count, _here, out, _state = self.chunks[0]
-            verdict = True if checker is None else checker.verdict(wait)
+        """Send what the segments checked so far hand over; from the first chunk that failed, read whole instead."""
+        while self.segments:
+            first, out, state = self.segments[0]
+            verdict = True if first is None else checker.verdict(wait)  # type: ignore[union-attr]
             if verdict is None:  # not checked yet
                 return
             if not verdict:
-                self.chunks.clear()
-                raise Checked(self._restore(self.before, start))
-            self.chunks.pop(0)
-            self.before = _state
+                self.segments.clear()
+                raise Checked(self._restore(self.before, first))  # type: ignore[arg-type]
+            self.segments.pop(0)
+            self.before = state
             self.checked += out
-            self._send_checked()
-
-    def end(self, marks: bool = True) -> None:
-        """The last line, which is when the unit last spoke, and PID 1's words after it."""
-        self._hand_over_held()
-        if marks:
-            self._marks(NEVER)
-        self._commit()
-        self.catchup._send("lines", (self.checked, None))
-        self.checked = []
+            self._send()
 
     def _marks_t(self) -> int:
         return self.marks[self.mark][0] if self.mark < len(self.marks) else NEVER
@@ -391,15 +406,9 @@ class _Skim:
             self.mark += 1
             self.kept = -NEVER
 
-    def _commit(self) -> None:
-        """What was handed over outside the chunks (a run's first line, PID 1's words between runs): no check."""
-        self.checked += self.out
-        self.out = []
-        self.before = self._state()
-        self._send_checked()
-
-    def _send_checked(self) -> None:
-        while len(self.checked) >= BATCH:
+    def _send(self, everything: bool = False) -> None:
+        """Send what was checked, a full batch at a time (a batch cut short says the catch-up ended), or all."""
+        while len(self.checked) >= BATCH or (everything and self.checked):
             self.catchup._send("lines", (self.checked[:BATCH], None))
             del self.checked[:BATCH]
 
