@@ -1,7 +1,9 @@
 """The journal under the reader: its death by SIGBUS, rotation, vacuum, journald restarts, truncation.
 
 JournalSource reads through a child process (exporter/sources/journal_process.py); these tests follow
-a unit that prints numbered ticks and check that every tick arrives once, in order, whatever happens.
+a unit that prints numbered ticks and check that every tick arrives once, in order, whatever happens. A
+tick is a health probe's access line, which a rule reads (a heartbeat): the reading of a unit's earlier
+lines hands each of them over too, where it drops the lines no rule reads (exporter.sources.journal_catchup).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from exporter.sources.journal import JournalPlace
 from exporter.sources.journal_process import JournalSource
 from tests.scrape import Scrape, fetch, free_port, try_fetch, wait_for
 
-TICKER = "import sys, time\nfor i in range(1_000_000):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.01)\n"
+TICKER = ("import sys, time\nfor i in range(1_000_000):\n"
+          "    print(f'INFO:     127.0.0.1:43210 - \"GET /health HTTP/1.1\" 200 OK tick {i}', flush=True)\n"
+          "    time.sleep(0.01)\n")
 TICK = re.compile(r"tick (\d+)$")
 
 
