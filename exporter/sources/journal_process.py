@@ -196,6 +196,7 @@ class JournalSource:
             self.read_through = max(self.read_through, payload)  # type: ignore[call-overload]
         elif kind == "ready":
             self.ready_units = payload  # type: ignore[assignment]
+            self._cut = False  # the catch-up's last batch may have been a full one: it is over all the same
             self._worth_draining.set()
         elif kind == "ok":
             self.status.ok(str(payload))
