@@ -73,6 +73,9 @@ class FakeJournal:
     def settle(self, timeout: float) -> None:
         pass
 
+    def sync(self) -> None:
+        pass
+
 
 class FakeProcesses:
     """One unit's processes: their command lines and their CPU, which the test turns."""

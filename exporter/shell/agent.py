@@ -58,6 +58,7 @@ class JournalFeed(Protocol):
     def watch(self, units: Iterable[str]) -> None: ...
     def drain(self) -> list[Observation | XidError]: ...
     def settle(self, timeout: float) -> None: ...  # wait until a drain is worth a round
+    def sync(self) -> None: ...  # have the journal read as it stands now (read_through)
 
 
 class JournaldFeed(Protocol):
@@ -225,7 +226,9 @@ class Agent:
         self.tick()
         while not self._warm() and self._clock() < deadline:
             if set(self.names.units) <= self.journal.ready_units:
-                time.sleep(0.05)  # read: their processes are sampled, and folded after their lines, in the next rounds
+                # read: their processes are sampled, and folded once the journal is read past the sample
+                self.journal.sync()
+                time.sleep(0.05)
             else:
                 # a round once a batch is read or the units are, not on a timer: the rounds' samples would take the
                 # CPU the reading needs (0.25 s at most: a unit discovered meanwhile is watched at the next)

@@ -77,7 +77,8 @@ class Follower:
     position of the last entry read live, ("through", t) once every entry written before the monotonic
     time t was sent, ("ready", units) once a unit's earlier lines were all sent, ("ok", detail) and
     ("down", reason). `read_earlier(units, until)` reads newly watched units' lines of this boot up to
-    the entry `until` and sends them (exporter.sources.journal_catchup).
+    the entry `until` and sends them (exporter.sources.journal_catchup). `idle(reader)` waits between two
+    passes over the journal: for new entries, or (the child's) a command.
     """
 
     def __init__(
@@ -88,10 +89,12 @@ class Follower:
         cursor: str | None = None,
         backfilled: frozenset[str] = frozenset(),
         resuming: bool = False,
+        idle: Callable[[journal.Reader], None] = lambda reader: reader.wait(0.5),
     ) -> None:
         self.place = place
         self._send = send
         self._read_earlier = read_earlier
+        self._idle = idle  # waits, at most half a second, for new entries (INVALIDATE means the same to us)
         self.cursor = cursor  # the live reader's position: newly watched units are read up to it
         self.units = backfilled
         # The backfilled units are a checkpoint's: read up to the cursor only if it can be used; if it
@@ -133,7 +136,7 @@ class Follower:
                 self._hand_over(batch, reader)
                 self._send("through", looked)
                 self._send("ok", f"reading {self.place}")
-                reader.wait(0.5)  # returns at once on new entries; INVALIDATE means the same to us
+                self._idle(reader)
         finally:
             reader.close()
 

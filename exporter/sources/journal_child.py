@@ -113,8 +113,19 @@ def main(commands: int, results: int) -> None:
             kind, payload = inbox.receive()  # type: ignore[misc]
             if kind == "stop":
                 raise SystemExit(0)
-            watched = payload
+            if kind == "watch":
+                watched = payload
+            # "sync": nothing to do but wake up, which it did: the next pass reads the journal as it stands
         return watched
+
+    def idle(reader: object) -> None:
+        """Wait for new entries or a command, half a second at most (poll, not select: a reader holds a
+        descriptor per journal file); then let libsystemd take in what changed, as its own wait does."""
+        looks = select.poll()
+        looks.register(reader.fileno(), select.POLLIN)  # type: ignore[attr-defined]
+        looks.register(inbox.fd, select.POLLIN)
+        looks.poll(500)
+        reader.process()  # type: ignore[attr-defined]
 
     def send(kind: str, payload: object) -> None:
         outbox.send((kind, payload))
@@ -126,7 +137,7 @@ def main(commands: int, results: int) -> None:
         catch_up(lambda: _read_earlier(place, screen, silence, send, units, until), inbox, new_units, stopping)
 
     try:
-        Follower(place, send, read_earlier, cursor, backfilled, resuming).follow(new_units, stopping)
+        Follower(place, send, read_earlier, cursor, backfilled, resuming, idle).follow(new_units, stopping)
     except (BrokenPipeError, EOFError, SystemExit):  # the parent is gone or asked us to stop
         pass
 
