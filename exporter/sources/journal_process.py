@@ -46,8 +46,9 @@ class JournalSource:
     `resume`: the cursor and the units of a checkpoint (exporter.core.checkpoint): the child goes on
     from the cursor, and those units count as read up to it once it says it could (`resumed`); when it
     cannot, `resume_lost` says why, and they are read from this boot's start as new units are.
-    `silence`: the fold's silence threshold (seconds): of a unit's earlier lines, the child hands over the
-    first after each silence this long, with those any rule might match (exporter.sources.journal_catchup).
+    `silence`: the fold's silence threshold (seconds): of a unit's earlier lines, the child hands over those any
+    rule might match and enough of the others that the fold records the silences this long that a whole read
+    would (exporter.sources.journal_catchup).
     """
 
     def __init__(self, place: JournalPlace, wall: Callable[[], float] = time.time,
