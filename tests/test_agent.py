@@ -11,6 +11,7 @@ import pytest
 
 from exporter.core.config import Config
 from exporter.core.containers import Container
+from exporter.core.entries import log_lines
 from exporter.core.model import (
     Frame,
     Gpu,
@@ -75,6 +76,9 @@ class FakeJournal:
 
     def sync(self) -> None:
         pass
+
+    def read_to(self, t: float, timeout: float) -> float:
+        return self.read_through
 
 
 class FakeProcesses:
@@ -352,6 +356,27 @@ def test_an_exit_settles_a_start_only_once_the_journal_is_read_up_to_it(seen_bef
     ended = state.previous if after else state.attempt
     assert (ended.phase, ended.reason) == (Phase.FAILED, Reason.CUDA_OOM)
     assert (state.attempt.ended is None) is bool(after)
+
+
+def test_a_look_before_a_start_began_does_not_end_it() -> None:
+    """A look that found no process, taken just before the unit started, waits a round; that round reads the
+    start's first lines, and a \r bar among them dated back past the look (its elapsed field says so). Folded in
+    time order, the look came after the bar's first redraw: it must not end the start it never saw."""
+    a, clock = agent()
+    a.journal.ready_units = frozenset({U})
+    a.processes.pids = frozenset()
+    a.tick()  # the look that finds nothing: held a round
+    clock.t += 1
+    a.processes.pids = frozenset({(42, clock.t - 0.5)})
+    bar = "\r".join(f"Loading: {n:3d}%|#| {n}/100 [00:{n // 2:02d}<00:01, 9.99it/s]" for n in range(0, 41, 40))
+    a.journal.queued = [LogLine(clock.t - 0.4, U, "INFO 10-21 09:12:04 [api_server.py:1839] vLLM API server version 0.11.0", "inv-1"),
+                        *log_lines(bar, clock.t - 0.3, U, "inv-1")]  # its first redraw dated 20 s back
+    a.tick()
+    clock.t += 1
+    a.journal.queued = [LogLine(clock.t - 0.5, U, "(EngineCore_DP0 pid=11) INFO 10-21 09:12:09 [gpu_model_runner.py:2602] "
+                                                  "Starting to load model Qwen/Qwen3-8B...", "inv-1")]
+    state = view(a.tick()).state
+    assert (state.phase, state.failures, state.previous) == (Phase.DOWNLOADING, {}, None)
 
 
 def test_a_full_disk_neither_freezes_the_agent_nor_loses_a_start(small_disk, caplog) -> None:

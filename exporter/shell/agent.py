@@ -17,6 +17,7 @@ from exporter.core.model import (
     GpuSample,
     Group,
     Launched,
+    LogLine,
     Observation,
     ProcessSample,
     Resumed,
@@ -38,6 +39,7 @@ from exporter.sources.status import SourceStatus
 logger = logging.getLogger(__name__)
 
 DISCOVER_EVERY = 10.0  # seconds between scans of the cgroup tree for model-server units
+READ_TO_WAIT = 0.1  # seconds a round waits for the journal to be read up to its samples (an idle reader: 1 ms)
 # Samples a unit's process side may wait for the journal to be read up to them: past this, a reader that is stuck
 # (not down: it would say so) no longer holds the unit's process side, and the oldest are folded anyway.
 HELD_MAX = 64
@@ -59,6 +61,7 @@ class JournalFeed(Protocol):
     def drain(self) -> list[Observation | XidError]: ...
     def settle(self, timeout: float) -> None: ...  # wait until a drain is worth a round
     def sync(self) -> None: ...  # have the journal read as it stands now (read_through)
+    def read_to(self, t: float, timeout: float) -> float: ...  # sync, and wait (a little) until read through t
 
 
 class JournaldFeed(Protocol):
@@ -169,7 +172,7 @@ class Agent:
         #    units whose earlier lines are read, and how far the journal is read.
         failing = self.journal.status.failing
         caught_up = frozenset(units) if failing else self.journal.ready_units
-        through = float("inf") if failing else self.journal.read_through
+        through = float("inf") if failing else self.journal.read_to(t, READ_TO_WAIT)
         # 3. The journal.
         observations: list[Observation] = []
         found: list[XidError] = []
@@ -183,7 +186,7 @@ class Agent:
         unnamed = {o.unit for o in observations if self.names.unknown(o.unit)}
         self._rename(self.names.found({unit: self.processes.cmdlines(unit) for unit in sorted(unnamed)}))
         # 5. Process and GPU samples, and what the agent before this one watched, of caught-up units.
-        observations += self._in_order(samples, caught_up, through, t)
+        observations += self._in_order(samples, caught_up, through, t, observations)
         observations += [self._resuming.pop(u) for u in caught_up & self._resuming.keys()]
         reading = self.gpu.latest if self.gpu else None
         if reading is not None:
@@ -323,22 +326,31 @@ class Agent:
                 self.states[unit] = evolve(self.states[unit], engine=engine)
 
     def _in_order(self, samples: Mapping[str, ProcessSample], caught_up: frozenset[str], through: float,
-                  t: float) -> list[ProcessSample]:
+                  t: float, lines: Iterable[Observation]) -> list[ProcessSample]:
         """The samples of caught-up units that may be folded now, each unit's in the order they were taken.
 
         A sample is folded once the journal is read up to the time it was taken (`through`): every line written
         before it is then folded first, so that an exit settles a start only after its last words, whatever the
         order in which the reader and the sampler saw them (a paused agent, a reader catching up, an agent
         restarted after starts it never saw). One that finds no process waits a round more: words printed just
-        before the exit may reach the journal only after the sample did.
+        before the exit may reach the journal only after the sample did; and it is dropped when the unit has
+        spoken since (this round's `lines` too): a start that began after the look, whose \r bar dated back past
+        it would be ended at once, or last words, after which a later look sees the exit.
         """
         for unit, sample in samples.items():
             if unit in caught_up:
                 self._held.setdefault(unit, []).append(sample)
+        spoke = {unit: state.last_log for unit, state in self.states.items() if state.last_log is not None}
+        for obs in lines:
+            if isinstance(obs, LogLine):
+                spoke[obs.unit] = max(spoke.get(obs.unit, obs.t), obs.t)
         ready = []
         for unit, held in self._held.items():
             while held and (len(held) > HELD_MAX or held[0].t <= through and (held[0].ids or held[0].t < t)):
-                ready.append(held.pop(0))
+                sample = held.pop(0)
+                if not sample.ids and spoke.get(unit, sample.t) > sample.t:
+                    continue  # it spoke since: a start after the look, or last words (a later look will see the exit)
+                ready.append(sample)
                 self._sampled.add(unit)
         return ready
 

@@ -71,6 +71,7 @@ class JournalSource:
         # Every entry written before this monotonic time is handed over (queued for drain()): what a process
         # sample taken earlier may be folded after.
         self.read_through = float("-inf")
+        self._through_changed = threading.Condition()
         self.seen_units: frozenset[str] = frozenset()  # units with at least one entry this boot
         self.restarts = 0  # times the reader died and was started again
         self.child_pid: int | None = None
@@ -92,6 +93,17 @@ class JournalSource:
         next look, up to half a second away: what a warming-up agent waits for to fold the samples it took."""
         self._sync = True
         self._wake()
+
+    def read_to(self, t: float, timeout: float) -> float:
+        """Have the child read the journal as it stands now and wait, at most `timeout`, until every entry written
+        before monotonic `t` is handed over; how far it is (`read_through`). An idle reader answers in a
+        millisecond, so the samples a round takes at `t` are folded that round, after the lines written before
+        them; a reader catching up does not, and they wait for a later round."""
+        with self._through_changed:
+            if self.read_through < t:
+                self.sync()
+                self._through_changed.wait_for(lambda: self.read_through >= t, timeout)
+            return self.read_through
 
     def _wake(self) -> None:
         try:
@@ -227,7 +239,9 @@ class JournalSource:
             if why:
                 logger.warning("journal: %s", why)
         elif kind == "through":
-            self.read_through = max(self.read_through, payload)  # type: ignore[call-overload]
+            with self._through_changed:
+                self.read_through = max(self.read_through, payload)  # type: ignore[call-overload]
+                self._through_changed.notify_all()
         elif kind == "ready":
             self.ready_units = payload  # type: ignore[assignment]
             self._cut = False  # the catch-up's last batch may have been a full one: it is over all the same
