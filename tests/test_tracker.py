@@ -218,6 +218,21 @@ OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. 
             Phase.COMPILING, Reason.ENGINE_INIT, Outcome.FAILED,
             id="a fatal marker fails the attempt before the processes exit",
         ),
+        pytest.param(
+            [line(30, "Traceback (most recent call last):"),
+             line(30, '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core_client.py", line 430, in _wait_for_engine_startup'),
+             line(30, "RuntimeError: Engine core initialization failed. See root cause above.")],
+            Phase.COMPILING, Reason.ENGINE_INIT, Outcome.FAILED,
+            id="a traceback's exception line names its cause, though it says less than the header's crash",
+        ),
+        pytest.param(
+            [line(29, "Traceback (most recent call last):"),
+             line(29, '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_worker.py", line 211, in compile_or_warm_up_model'),
+             line(30, "Traceback (most recent call last):"),
+             line(30, "RuntimeError: Engine core initialization failed. See root cause above.")],
+            Phase.COMPILING, Reason.CRASHED, Outcome.FAILED,
+            id="a traceback cut before its exception line, then another: the first crashed of something unnamed",
+        ),
         pytest.param([procs(31)], Phase.COMPILING, Reason.EXITED, Outcome.FAILED, id="processes gone before ready, no word why"),
         pytest.param(
             [Fault(30, U, Reason.GPU_XID), line(30, "Traceback (most recent call last):"), procs(31)],

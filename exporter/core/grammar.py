@@ -83,6 +83,10 @@ class Rule:
     # A line in a failure's words that is no failure (NCCL's warnings): it stops the search, so that no
     # failure rule after it reads it.
     benign: bool = False
+    # The first line of a report whose last line names the cause (a traceback's header): its reason holds only
+    # until that line, which replaces it whatever it says (`RuntimeError: Engine core initialization failed`
+    # with no root cause above is engine_init, not a crash).
+    opens: bool = False
     # Searched in the whole record, the engine's own prefix included: a worker's tag in that prefix
     # (vLLM's `(VllmWorker rank=1 pid=…)`) is itself a marker.
     whole: bool = False
@@ -123,6 +127,7 @@ class Match:
     stops: bool = False
     group: Mapping[str, str] = field(default_factory=frozen_map)  # the hosts the start spans (exporter.core.groups)
     shared: bool = False  # read by the shared vocabulary: no evidence of which engine it is
+    opens: bool = False  # a report's first line: its reason is the report's last line's (Rule.opens)
 
     @property
     def moves_on(self) -> bool:
@@ -185,7 +190,7 @@ class Grammar:
         return tuple(None if r.pattern.groupindex else Match(r.phase, r.reason, r.fatal, r.heartbeat, r.cache,
                                                              progress=Report(1.0, 1.0, r.item) if r.complete else None,
                                                              where=r.where, begins=r.begins, retry=r.retry,
-                                                             stops=r.stops, shared=r.shared)
+                                                             stops=r.stops, shared=r.shared, opens=r.opens)
                      for r in self.rules)
 
     @functools.cached_property
@@ -248,6 +253,7 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
             retry=bool(raw.get("retry", False)),
             stops=bool(raw.get("stops", False)),
             benign=bool(raw.get("benign", False)),
+            opens=bool(raw.get("opens", False)),
             whole=bool(raw.get("whole", False)),
             item=str(raw.get("item", "")),
             complete=bool(raw.get("complete", False)),
@@ -256,6 +262,8 @@ def _rule(number: int, raw: Mapping[str, object]) -> Rule:
         raise ValueError(f"{label}: {error}") from None
     if rule.retry and rule.reason:
         raise ValueError(f"{label}: a rule that says the engine goes on past its failures names none")
+    if rule.opens and not rule.reason:
+        raise ValueError(f"{label}: a rule that opens a failure's report names its reason until the report does")
     if rule.stops and (rule.reason or rule.phase or rule.retry or rule.begins):
         raise ValueError(f"{label}: a rule that says the engine was asked to stop says nothing else")
     if rule.benign and (rule.phase or rule.reason or rule.heartbeat or rule.retry or rule.stops or rule.cache
@@ -464,7 +472,7 @@ def _read(rule: Rule, found: re.Match[str]) -> Match:
             (progress if name in PROGRESS else values)[name] = value
     return Match(rule.phase, rule.reason, rule.fatal, rule.heartbeat, rule.cache, frozen_map(info),
                  frozen_map(values), _report(progress, rule), rule.where, rule.begins, rule.retry,
-                 rule.stops, frozen_map(hosts), rule.shared)
+                 rule.stops, frozen_map(hosts), rule.shared, rule.opens)
 
 
 def _after(prefix: re.Pattern[str], record: str) -> str:

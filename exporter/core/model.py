@@ -363,6 +363,8 @@ class Attempt:
     # The phase was set by a failure's report (a frame, a failure that names its step): a vaguer
     # failure after it (TGI's `Shard 0 failed to start`) does not move it.
     located: bool = False
+    # The reason is a report's first line's (a traceback's header): the line that ends the report says the cause.
+    reason_opened: bool = False
     ended: float | None = None
     outcome: Outcome | None = None
     ready_at: float | None = None

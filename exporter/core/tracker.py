@@ -128,13 +128,15 @@ def _count_outcome(state: UnitState, attempt: Attempt, outcome: Outcome, t: floa
     return state, evolve(attempt, outcome=outcome)
 
 
-def _cause(attempt: Attempt, reason: Reason) -> Attempt:
+def _cause(attempt: Attempt, reason: Reason, opens: bool = False) -> Attempt:
     """Remember why the attempt is failing: the first root cause wins over any that says less about it
-    (REASON_DETAIL), and any cause over one the attempt has outlived."""
+    (REASON_DETAIL), any cause over one the attempt has outlived, and the line that ends a report over the
+    reason of the line that opened it. A report opened again before its end was named ended unnamed."""
     old = attempt.reason
-    if old is None or attempt.outlived or REASON_DETAIL.get(reason, 3) > REASON_DETAIL.get(old, 3):
-        return evolve(attempt, reason=reason, outlived=False)
-    return attempt
+    if (old is None or attempt.outlived or (attempt.reason_opened and not opens)
+            or REASON_DETAIL.get(reason, 3) > REASON_DETAIL.get(old, 3)):
+        return evolve(attempt, reason=reason, outlived=False, reason_opened=opens)
+    return evolve(attempt, reason_opened=False) if attempt.reason_opened else attempt
 
 
 def _fail(state: UnitState, t: float, reason: Reason) -> UnitState:
@@ -243,7 +245,7 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
     if found.reason is not None:
         if found.fatal:
             return _fail(state, line.t, found.reason)
-        state = evolve(state, attempt=_cause(state.attempt, found.reason))
+        state = evolve(state, attempt=_cause(state.attempt, found.reason, found.opens))
     if found.retry and (live := _live(state)) and live.reason is not None and not live.outlived:
         state = evolve(state, attempt=evolve(live, outlived=True))  # it tries again: those causes did not end it
     if found.stops and (live := _live(state)) and live.phase is not Phase.FAILED:
