@@ -652,6 +652,29 @@ def test_a_paste_quoted_whole_reads_as_itself(paste: list[bytes], whole: bool) -
         assert formats.detect(bare) is Format.SHORT
 
 
+JOURNAL_PASTE = [b"Jun 18 10:21:37 host python[14750]: llama_context: graph nodes  = 2886\n",
+                 b"  Stack trace of thread 14750:\n",
+                 b"Jun 18 10:21:50 host systemd[1]: koboldai.service: Failed with result 'core-dump'.\n"]
+
+
+@pytest.mark.parametrize(
+    ("paste", "shared"),
+    [
+        pytest.param([b"    " + line for line in JOURNAL_PASTE], True, id="markdown's code block by indentation"),
+        pytest.param([b">     " + line for line in JOURNAL_PASTE], True, id="a code block by indentation in a quote"),
+        pytest.param([b"\t" + line for line in JOURNAL_PASTE], True, id="a tab"),
+        pytest.param(JOURNAL_PASTE, False, id="a line of its own indented: no frame"),
+    ],
+)
+def test_a_paste_indented_whole_reads_as_itself(paste: list[bytes], shared: bool) -> None:
+    """The indent every line of a paste shares is the paste's, and comes off; a line's own indent beyond it stays."""
+    frame = formats.paste.frame(paste)
+    assert (frame is not None) is shared
+    if frame is not None:
+        assert list(formats.paste.unframed(paste, frame)) == JOURNAL_PASTE
+        assert formats.detect(JOURNAL_PASTE) is Format.SHORT
+
+
 @pytest.mark.parametrize(
     ("paste", "framed"),
     [

@@ -447,6 +447,10 @@ def test_a_bar_dated_back_does_not_start_before_the_log():
         pytest.param(["INFO 11-15 02:58:48 llm_engine.py:205] # GPU blocks: 2361, # CPU blocks: 512",
                       "I1115 02:58:49.477216 1 pb_stub.cc:325] Failed to initialize Python stub"], [], "triton",
                      id="vLLM as a Triton backend: Triton"),
+        pytest.param(["Traceback (most recent call last):",
+                      '  File "/usr/local/lib/python3.12/dist-packages/tensorrt_llm/executor/proxy.py", line 332, in _start_executor_workers',
+                      "RuntimeError: Executor worker returned error"], [], "triton",
+                     id="a traceback through TensorRT-LLM's package: trtllm-serve's, though every engine reads a traceback"),
         pytest.param(["nothing a model server says"], [], "generic", id="no evidence at all"),
     ],
 )

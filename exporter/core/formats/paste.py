@@ -3,6 +3,7 @@ debris a page, a terminal or a wrapper leaves around each line an engine printed
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Iterator
 
@@ -28,16 +29,26 @@ COLUMN = re.compile(rb"[a-z][a-z_.-]*[a-z] (?=\S)")
 
 
 def frame(head: list[bytes]) -> re.Pattern[bytes] | None:
-    """The frame around every line of a paste (FRAMES: a markdown quote, `grep -n`'s numbers; or a viewer's COLUMN),
-    when every line of its head that says anything is in it: the frame is the paste's, in none of its lines, and
-    hides their format. `unframed` takes it off."""
+    """The frame around every line of a paste (FRAMES: a markdown quote, `grep -n`'s numbers, with the indent every line
+    has inside it; or that indent alone: markdown's indented code block; or a viewer's COLUMN), when every line of its
+    head that says anything is in it: the frame is the paste's, in none of its lines, and hides their format.
+    `unframed` takes it off."""
     said = [body for body in map(line, head) if body.strip() and not body.startswith(FENCES)]  # a fence outside
-    if found := next((found for found in FRAMES if said and all(found.match(body) for body in said)), None):
+    found = next((found for found in FRAMES if said and all(found.match(body) for body in said)), None)
+    if indent := _shared_indent([found.sub(b"", body, count=1) for body in said] if found else said):
+        return re.compile((found.pattern if found else b"^") + re.escape(indent))
+    if found:
         return found
     starts = [body for body in said if body[:1] not in b" \t"]
     column = COLUMN.match(starts[0]) if len(starts) >= 3 else None
     named = re.compile(re.escape(column.group()) + rb"(?=\S)") if column else None
     return named if named and all(named.match(body) for body in starts) else None
+
+
+def _shared_indent(lines: list[bytes]) -> bytes:
+    """The blanks every one of `lines` starts with."""
+    shared = os.path.commonprefix(lines) if lines else b""
+    return shared[: len(shared) - len(shared.lstrip(b" \t"))]
 
 
 def unframed(lines: Iterable[bytes], found: re.Pattern[bytes]) -> Iterator[bytes]:
