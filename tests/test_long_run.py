@@ -13,7 +13,7 @@ import time
 from bench import soak
 from exporter.shell.demo import sandbox
 from exporter.shell.history import History
-from tests.scrape import SILENCE, Scrape, fetch, wait_for
+from tests.scrape import INTERVAL, SILENCE, Scrape, fetch, wait_for
 from tests.test_journal_faults import _agents
 from tests.test_operator import llmstartup
 from tests.test_serve import CUDA_OOM, LOAD
@@ -148,6 +148,46 @@ def test_journald_stopped_is_told_and_blames_no_unit(agent, journald, tmp_path):
     finally:
         chatty.stop()
         flood.stop()
+
+
+LAST_WORDS = """import os, sys, time
+print("INFO 10-21 09:12:04 [api_server.py:1839] vLLM API server version 0.11.0", flush=True)
+print("INFO 10-21 09:12:09 [gpu_model_runner.py:2602] Starting to load model Qwen/Qwen3-8B...", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.1)
+print("Traceback (most recent call last):", flush=True)
+print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB.", flush=True)
+sys.exit(1)
+"""
+
+
+def test_a_crash_while_journald_is_stopped_keeps_the_reason_its_lines_give(agent, journald, tmp_path):
+    """A start that dies of a CUDA OOM while journald is stopped: its last words wait in journald's stream, the exit
+    does not, and the failure is counted with the reason those words give once journald reads them, never as a bare
+    exit (the principle of issue 29's first part: an exit settles a start only after the lines written before it)."""
+    flag = tmp_path / "die"
+    unit = sandbox.start_unit(journald, f"test-{secrets.token_hex(3)}-dies.service",
+                              [sys.executable, "-c", LAST_WORDS, str(flag)])
+    try:
+        port = agent(f"{unit.name}=vllm")
+        wait_for(lambda: Scrape(fetch(port)).one_of("unit_phase", unit.name, "phase") == "downloading", 20,
+                 "the unit about to load its weights")
+        os.kill(journald.process.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: Scrape(fetch(port)).value("llmstartup_source_up", source="journal") == 0, 5,
+                     "the journal source down")
+            flag.touch()
+            unit.wait(10)
+            time.sleep(4 * INTERVAL)  # rounds that see no process while its last words wait in journald's stream
+        finally:
+            os.kill(journald.process.pid, signal.SIGCONT)
+        counted = wait_for(lambda: (s := Scrape(fetch(port))).value("llmstartup_startups_total", unit=unit.name,
+                                                                    outcome="failed") == 1 and s, 20,
+                           "the failed start counted once journald reads again")
+        assert [(f.labels["phase"], f.labels["reason"]) for f in counted.all("llmstartup_failures_total", unit=unit.name)
+                if f.value] == [("downloading", "cuda_oom")]
+    finally:
+        unit.stop()
 
 
 def test_a_minute_of_the_soak(journald):

@@ -186,7 +186,7 @@ class Agent:
         unnamed = {o.unit for o in observations if self.names.unknown(o.unit)}
         self._rename(self.names.found({unit: self.processes.cmdlines(unit) for unit in sorted(unnamed)}))
         # 5. Process and GPU samples, and what the agent before this one watched, of caught-up units.
-        observations += self._in_order(samples, caught_up, through, t, observations)
+        observations += self._in_order(samples, caught_up, through, t, observations, self.journald_status.failing)
         observations += [self._resuming.pop(u) for u in caught_up & self._resuming.keys()]
         reading = self.gpu.latest if self.gpu else None
         if reading is not None:
@@ -326,7 +326,7 @@ class Agent:
                 self.states[unit] = evolve(self.states[unit], engine=engine)
 
     def _in_order(self, samples: Mapping[str, ProcessSample], caught_up: frozenset[str], through: float,
-                  t: float, lines: Iterable[Observation]) -> list[ProcessSample]:
+                  t: float, lines: Iterable[Observation], unwritten: bool = False) -> list[ProcessSample]:
         """The samples of caught-up units that may be folded now, each unit's in the order they were taken.
 
         A sample is folded once the journal is read up to the time it was taken (`through`): every line written
@@ -335,7 +335,9 @@ class Agent:
         restarted after starts it never saw). One that finds no process waits a round more: words printed just
         before the exit may reach the journal only after the sample did; and it is dropped when the unit has
         spoken since (this round's `lines` too): a start that began after the look, whose \r bar dated back past
-        it would be ended at once, or last words, after which a later look sees the exit.
+        it would be ended at once, or last words, after which a later look sees the exit. While journald does not
+        write the journal (`unwritten`), a look that finds no process waits for it: the last words are in journald's
+        stream, dated when it reads them again, after the look, which is then dropped for them.
         """
         for unit, sample in samples.items():
             if unit in caught_up:
@@ -346,7 +348,8 @@ class Agent:
                 spoke[obs.unit] = max(spoke.get(obs.unit, obs.t), obs.t)
         ready = []
         for unit, held in self._held.items():
-            while held and (len(held) > HELD_MAX or held[0].t <= through and (held[0].ids or held[0].t < t)):
+            while held and (len(held) > HELD_MAX
+                            or held[0].t <= through and (held[0].ids or held[0].t < t and not unwritten)):
                 sample = held.pop(0)
                 if not sample.ids and spoke.get(unit, sample.t) > sample.t:
                     continue  # it spoke since: a start after the look, or last words (a later look will see the exit)
