@@ -441,9 +441,9 @@ def _refined(grammar: Grammar, said: Match, message: str, candidates: list[int])
     names (`Unable to warmup model: … out of memory` failed in warm-up), unless the line only names it (benign)."""
     shared = [grammar.rules[index] for index in candidates if grammar.rules[index].shared]
     cause = step = None
-    if said.reason in VAGUE:  # a root cause; or CUDA's failure beside a crash's (`CUDA kernel failed` ending a traceback)
-        cause = next((r.reason for r in shared if r.reason and (r.reason not in VAGUE or r.reason is Reason.CUDA_ERROR
-                      is not said.reason) and r.pattern.search(message)), None)
+    if said.reason in VAGUE:  # a root cause; or CUDA's own error beside a crash's (`CUDA kernel failed : 1`)
+        better = {r for r in Reason if r not in VAGUE} | ({Reason.CUDA_ERROR} - {said.reason})
+        cause = next((r.reason for r in shared if r.reason in better and r.pattern.search(message)), None)
     if said.phase is None:
         step = next((r for r in shared if (r.benign or (r.phase and not r.reason)) and r.pattern.search(message)), None)
     if step is not None and step.benign:
