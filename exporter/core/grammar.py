@@ -433,6 +433,7 @@ def match(grammar: Grammar, record: str, settled: bool = False, own: bool = Fals
 # Reasons that say only that a start died (REASON_DETAIL), or that CUDA failed: a root cause named on the same line
 # says more.
 VAGUE = frozenset({*REASON_DETAIL, Reason.CUDA_ERROR})
+ROOT_CAUSES = frozenset(Reason) - VAGUE
 
 
 def _refined(grammar: Grammar, said: Match, message: str, candidates: list[int]) -> Match:
@@ -442,7 +443,7 @@ def _refined(grammar: Grammar, said: Match, message: str, candidates: list[int])
     shared = [grammar.rules[index] for index in candidates if grammar.rules[index].shared]
     cause = step = None
     if said.reason in VAGUE:  # a root cause; or CUDA's own error beside a crash's (`CUDA kernel failed : 1`)
-        better = {r for r in Reason if r not in VAGUE} | ({Reason.CUDA_ERROR} - {said.reason})
+        better = ROOT_CAUSES if said.reason is Reason.CUDA_ERROR else ROOT_CAUSES | {Reason.CUDA_ERROR}
         cause = next((r.reason for r in shared if r.reason in better and r.pattern.search(message)), None)
     if said.phase is None:
         step = next((r for r in shared if (r.benign or (r.phase and not r.reason)) and r.pattern.search(message)), None)

@@ -134,7 +134,7 @@ def _cause(attempt: Attempt, reason: Reason, opens: bool = False) -> Attempt:
     reason of the line that opened it. A report opened again before its end was named ended unnamed."""
     old = attempt.reason
     if (old is None or attempt.outlived or (attempt.reason_opened and not opens)
-            or REASON_DETAIL.get(reason, 3) > REASON_DETAIL.get(old, 3)):
+            or _detail(reason) > _detail(old)):
         return evolve(attempt, reason=reason, outlived=False, reason_opened=opens)
     return evolve(attempt, reason_opened=False) if attempt.reason_opened else attempt
 
@@ -265,7 +265,12 @@ def _line(state: UnitState, line: LogLine, grammar: Grammar, limits: Limits) -> 
 def _says_less(reason: Reason | None, attempt: Attempt) -> bool:
     """Whether a failure's reason says less of why the start died than the one it already has (REASON_DETAIL)."""
     assert attempt.reason is not None
-    return reason is not None and REASON_DETAIL.get(reason, 3) < REASON_DETAIL.get(attempt.reason, 3)
+    return reason is not None and _detail(reason) < _detail(attempt.reason)
+
+
+def _detail(reason: Reason) -> int:
+    """How much a reason says of why a start died: a root cause (3) over a crash, init failed, a bare exit."""
+    return REASON_DETAIL.get(reason, 3)
 
 
 def _dying(attempt: Attempt) -> bool:

@@ -326,7 +326,7 @@ class Agent:
                 self.states[unit] = evolve(self.states[unit], engine=engine)
 
     def _in_order(self, samples: Mapping[str, ProcessSample], caught_up: frozenset[str], through: float,
-                  t: float, lines: Iterable[Observation], unwritten: bool = False) -> list[ProcessSample]:
+                  t: float, lines: Iterable[Observation], unwritten: bool) -> list[ProcessSample]:
         """The samples of caught-up units that may be folded now, each unit's in the order they were taken.
 
         A sample is folded once the journal is read up to the time it was taken (`through`): every line written
