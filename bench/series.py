@@ -1,6 +1,7 @@
-"""9. Series per unit: what one unit costs a Prometheus, at rest and during a start, with every histogram bucket
-(the reference: how the agent rendered them before) and with the buckets it renders now (exporter/shell/collector.py
-`_buckets`: where its durations fell). Pure CPU, no root, a second.
+"""9. Series per unit: what one unit costs a Prometheus, at rest and during a start, as the agent rendered it before
+issue 27 (the reference: every histogram bucket, each phase's durations a histogram, the phase and the verdict whole
+state sets) and as it renders it now (exporter/shell/collector.py: a histogram's buckets where its durations fell,
+each phase's durations as a count and a sum, only the current phase and verdict). Pure CPU, no root, a second.
 
 A unit here is the demo's real-format vLLM 0.11 start (exporter/shell/demo/vllm_startup.py, its lines as vLLM prints
 them), folded by the core as the agent folds it, each start's pace drawn between 4x and 9x the demo's (five to nine
@@ -15,7 +16,7 @@ import random
 import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench.common import Row, demo_records, say
 from exporter.core import expectations, grammar
@@ -33,6 +34,7 @@ from exporter.core.model import (
     Span,
     UnitState,
     UnitView,
+    Verdict,
     frozen_map,
 )
 from exporter.core.tracker import advance, judge
@@ -121,14 +123,26 @@ def unit_series(snapshot: Snapshot, leaving_out: str = "\0") -> int:
 
 
 @contextmanager
-def every_bucket() -> Iterator[None]:
-    """The reference: each histogram with all its buckets, as the agent rendered them before."""
-    kept = collector._buckets
+def as_rendered_before() -> Iterator[None]:
+    """The reference: the unit as the agent rendered it before issue 27: each histogram with all its buckets, the
+    phases' durations as histograms, and the phase and the verdict as whole state sets (a 0 for every other)."""
+    state_sets = {
+        "unit_phase": lambda view, _: (((p,), float(p is view.state.phase)) for p in Phase),
+        "unit_verdict": lambda view, _: (((v,), float(v is view.verdict)) for v in Verdict),
+    }
+
+    def before(family: collector.Family) -> collector.Family:  # type: ignore[type-arg]
+        if family.name in state_sets:
+            return replace(family, read=collector.per_unit(state_sets[family.name]))
+        return replace(family, type="histogram") if family.type == "summary" else family
+
+    kept = collector._buckets, collector.LIVE, collector.HISTORY
     collector._buckets = lambda hist: [(repr(b), c) for b, c in zip(hist.bounds, hist.counts)] + [("+Inf", hist.count)]
+    collector.LIVE, collector.HISTORY = tuple(map(before, collector.LIVE)), tuple(map(before, collector.HISTORY))
     try:
         yield
     finally:
-        collector._buckets = kept
+        collector._buckets, collector.LIVE, collector.HISTORY = kept
 
 
 def scenarios() -> list[Scenario]:
@@ -143,30 +157,29 @@ def scenarios() -> list[Scenario]:
 
 
 def measure(scenario: Scenario, count: Callable[[Snapshot], int] = unit_series) -> tuple[int, int]:
-    """(series now, series with every bucket)."""
+    """(series now, series as rendered before)."""
     ours = count(scenario.snapshot)
-    with every_bucket():
+    with as_rendered_before():
         reference = count(scenario.snapshot)
     return ours, reference
 
 
 def run() -> list[Row]:
-    say("== 9. Series per unit (reference: every histogram bucket, as rendered before) ==")
+    say("== 9. Series per unit (reference: as rendered before issue 27: every bucket, phase histograms, whole state sets) ==")
     rows = []
     for scenario in scenarios():
         ours, reference = measure(scenario)
-        say(f"{scenario.name}: {ours} series, {reference} with every bucket ({ours / reference:.2f}x)")
+        say(f"{scenario.name}: {ours} series, {reference} as rendered before ({ours / reference:.2f}x)")
         budget = "at rest, ready" in scenario.name and "10 start" in scenario.name and "1 GPU" in scenario.name
         rows.append(Row(f"series of one unit {scenario.name}", str(ours), str(reference), f"{ours / reference:.2f}x",
                         f"≤ {BUDGET}" if budget else "", ours <= BUDGET if budget else None))
     phases = unit_series(unit_after(HISTORY, 1).snapshot, "llmstartup_phase_duration_seconds")
-    say(f"of which per-phase histograms: {measure(unit_after(HISTORY, 1))[0] - phases}; without them the unit at rest "
-        f"with ten starts behind it on one GPU would cost {phases}")
+    say(f"of which the phases' durations (count and sum): {measure(unit_after(HISTORY, 1))[0] - phases}")
     typical = unit_after(HISTORY, GPUS_PER_HOST)
     ours, reference = measure(typical)
     fleet = FLEET_HOSTS * UNITS_PER_HOST
     say(f"a fleet of {FLEET_HOSTS} hosts x {UNITS_PER_HOST} units on {GPUS_PER_HOST} GPUs at rest: "
-        f"{fleet * ours / 1e6:.2f} M unit series, {fleet * reference / 1e6:.2f} M with every bucket")
+        f"{fleet * ours / 1e6:.2f} M unit series, {fleet * reference / 1e6:.2f} M as rendered before")
     rows.append(Row(f"unit series of {FLEET_HOSTS} hosts x {UNITS_PER_HOST} units at rest", f"{fleet * ours / 1e6:.2f} M",
                     f"{fleet * reference / 1e6:.2f} M", f"{ours / reference:.2f}x", "", None))
     say()

@@ -96,10 +96,10 @@ def query(
 
 
 def coded(metric: str, label: str, values: Iterable[str], selector: str, by: str = KEYS) -> str:
-    """One series per unit whose value is the index of the state set's member that is 1.
+    """One series per unit whose value is the index of its current state (the label of its series at 1).
 
-    `llmstartup_unit_phase` and `llmstartup_unit_verdict` are state sets (one series per member, the
-    current one 1); a state timeline wants one series per unit with the state as its value.
+    `llmstartup_unit_phase` and `llmstartup_unit_verdict` name the state in a label (one series, for the current
+    member, at 1); a state timeline wants one series per unit with the state as its value.
     """
     parts = [f'({metric}{{{selector}, {label}="{v}"}} == 1) * {i}' for i, v in enumerate(values)]
     return f"max by ({by}) (\n  " + "\n  or ".join(parts) + "\n)"
@@ -1231,11 +1231,11 @@ def unit_where_the_time_goes(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dash
     d = d.with_panel(
         table.Panel()
         .id(ids())
-        .title("Phase durations: last, typical, expected")
+        .title("Phase durations: last, mean, expected")
         .description(
-            "Per phase: the last time through it; the median and 90th percentile over every start the agent has "
-            "counted (the phase_duration_seconds histogram, so bucket-accurate); what the agent expects from history; "
-            "and how many starts passed through it."
+            "Per phase: the last time through it; the mean over every start the agent has counted "
+            "(phase_duration_seconds, a count and a sum); what the agent expects from history (the median of its "
+            "recent ready starts); and how many starts passed through it."
         )
         .datasource(DATASOURCE)
         .targets(
@@ -1247,14 +1247,9 @@ def unit_where_the_time_goes(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dash
                     table_format=True,
                 ),
                 query(
-                    f"histogram_quantile(0.5, sum by (phase, le) (llmstartup_phase_duration_seconds_bucket{{{SEL}}}))",
+                    f"sum by (phase) (llmstartup_phase_duration_seconds_sum{{{SEL}}})\n"
+                    f"  / sum by (phase) (llmstartup_phase_duration_seconds_count{{{SEL}}})",
                     ref="B",
-                    instant=True,
-                    table_format=True,
-                ),
-                query(
-                    f"histogram_quantile(0.9, sum by (phase, le) (llmstartup_phase_duration_seconds_bucket{{{SEL}}}))",
-                    ref="C",
                     instant=True,
                     table_format=True,
                 ),
@@ -1276,17 +1271,16 @@ def unit_where_the_time_goes(d: dashboard.Dashboard, ids: Ids) -> dashboard.Dash
             merge_table(
                 renames={
                     "Value #A": "Last",
-                    "Value #B": "Median",
-                    "Value #C": "p90",
+                    "Value #B": "Mean",
                     "Value #D": "Expected",
                     "Value #E": "Starts",
                 },
                 hide=[],
-                order=["phase", "Value #A", "Value #B", "Value #C", "Value #D", "Value #E"],
+                order=["phase", "Value #A", "Value #B", "Value #D", "Value #E"],
             )
         )
         .override_by_regexp(
-            "Last|Median|p90|Expected",
+            "Last|Mean|Expected",
             [
                 model.DynamicConfigValue(id_val="unit", value="s"),
                 model.DynamicConfigValue(id_val="decimals", value=0),

@@ -127,7 +127,7 @@ def test_unit_view_shows_what_the_issue_asks() -> None:
         "llmstartup_gpu_memory_used_bytes",
         "rate(llmstartup_process_cpu_seconds_total",
         "llmstartup_last_phase_duration_seconds",
-        "llmstartup_phase_duration_seconds_bucket",
+        "llmstartup_phase_duration_seconds_sum",
         "llmstartup_expected_phase_duration_seconds",
         "llmstartup_unit_verdict",
         "llmstartup_phase_progress_ratio",
@@ -171,10 +171,10 @@ def test_every_phase_and_verdict_has_a_colour(name: str) -> None:
 
 
 def exported_metrics() -> set[str]:
-    """The metric names the collector's families render (histograms with their series suffixes)."""
+    """The metric names the collector's families render (histograms and summaries with their series suffixes)."""
     names = set()
     for family in (*collector.LIVE, *collector.HISTORY):
-        suffixes = ("_bucket", "_count", "_sum") if family.type == "histogram" else ("",)
+        suffixes = {"histogram": ("_bucket", "_count", "_sum"), "summary": ("_count", "_sum")}.get(family.type, ("",))
         names |= {f"llmstartup_{family.name}{suffix}" for suffix in suffixes}
     return names
 

@@ -8,7 +8,7 @@ Example of what it renders for one unit (abridged):
     llmstartup_unit_phase{phase="compiling",unit="vllm-glm5.service"} 1.0
     llmstartup_unit_verdict{unit="vllm-glm5.service",verdict="silent_progress"} 1.0
     llmstartup_last_progress_timestamp_seconds{signal="cpu",unit="vllm-glm5.service"} 1.79e+09
-    llmstartup_phase_duration_seconds_bucket{le="600.0",phase="loading_weights",unit="vllm-glm5.service"} 1.0
+    llmstartup_phase_duration_seconds_count{phase="loading_weights",unit="vllm-glm5.service"} 1.0
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 from prometheus_client.registry import Collector
 
@@ -48,7 +49,8 @@ NS = "llmstartup"
 # The sources sample on their own cadence and a scrape renders their latest snapshot, so that a hung
 # GPU cannot hang a scrape (docs/design.md); the HELP texts say so, as writing_exporters.md asks.
 CACHED = " Sampled by the agent every --sample.interval, not at scrape time."
-KINDS = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}
+KINDS = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily,
+         "summary": SummaryMetricFamily}
 
 T = TypeVar("T")
 Sample = tuple[Sequence[str], Any]  # label values and the value: a number, or a Histogram for a histogram
@@ -59,7 +61,7 @@ class Family(Generic[T]):
     """One metric family: what /metrics serves of it, and what the README says."""
 
     name: str  # after the prefix; a counter's ends in _total
-    type: str  # gauge, counter or histogram
+    type: str  # gauge, counter, histogram or summary (a Histogram's count and sum without its buckets)
     labels: tuple[str, ...]
     help: str  # its HELP line
     doc: str  # the README's "what"
@@ -68,7 +70,9 @@ class Family(Generic[T]):
     def render(self, source: T) -> Metric:
         family = KINDS[self.type](f"{NS}_{self.name}", self.help, labels=list(self.labels))
         for labels, value in self.read(source):
-            if isinstance(value, Histogram):
+            if isinstance(value, Histogram) and self.type == "summary":
+                family.add_metric(list(labels), value.count, value.total)
+            elif isinstance(value, Histogram):
                 family.add_metric(list(labels), _buckets(value), value.total)
             else:
                 family.add_metric(list(labels), value)
@@ -207,14 +211,17 @@ LIVE: tuple[Family[Snapshot], ...] = (
            help="The model server a unit runs; for a container, its namespace, pod and name.",
            doc="always 1; namespace, pod, container are a container's (empty for a systemd unit)",
            read=per_unit(_info)),
+    # The phase and the verdict: only the current one's series, not a state set's 0 for every other. Every rule and
+    # panel reads them as `== 1`, and Prometheus ends the last phase's series at the next scrape (a staleness
+    # marker), so nothing reads differently; a unit costs 19 series fewer (issue 27's budget, bench/series.py).
     Family("unit_phase", "gauge", ("unit", "phase"),
-           help="Startup phase of the unit: 1 for the current one." + CACHED,
-           doc="1 for the current phase",
-           read=per_unit(lambda view, _: (((p,), float(p is view.state.phase)) for p in Phase))),
+           help="Startup phase of the unit: 1, for the current one only." + CACHED,
+           doc="1, for the current phase only",
+           read=per_unit(lambda view, _: [((view.state.phase,), 1.0)])),
     Family("unit_verdict", "gauge", ("unit", "verdict"),
-           help="Is the unit progressing, silently progressing, stalled…: 1 for the current one." + CACHED,
-           doc="1 for the current verdict",
-           read=per_unit(lambda view, _: (((v,), float(v is view.verdict)) for v in Verdict))),
+           help="Is the unit progressing, silently progressing, stalled…: 1, for the current one only." + CACHED,
+           doc="1, for the current verdict only",
+           read=per_unit(lambda view, _: [((view.verdict,), 1.0)])),
     Family("startup_start_timestamp_seconds", "gauge", ("unit",),
            help="When the unit's current or last start began.",
            doc="when the current or last start began",
@@ -374,9 +381,9 @@ HISTORY: tuple[Family[Sequence[UnitRecord]], ...] = (
            help="Failures of the unit by the phase they happened in and why.",
            doc=_listed(Reason),
            read=per_record(lambda record: (((phase, reason), n) for (phase, reason), n in sorted(record.failures.items())))),
-    Family("phase_duration_seconds", "histogram", ("unit", "phase"),
-           help="How long each startup phase took, once per start.",
-           doc="each phase once per start",
+    Family("phase_duration_seconds", "summary", ("unit", "phase"),
+           help="How long each startup phase took, once per start: their count and sum.",
+           doc="each phase once per start (count and sum; the whole start's histogram has the buckets)",
            read=per_record(lambda record: (((p,), record.phase_durations[p]) for p in STARTUP_ORDER
                                            if record.phase_durations.get(p)))),
     Family("startup_duration_seconds", "histogram", ("unit", "outcome"),
@@ -410,8 +417,8 @@ class SnapshotCollector(Collector):
 
 
 class HistoryCollector(Collector):
-    """The families of finished phases and starts (a histogram is 21 lines per unit and phase: over half
-    of the exposition), from the units' records alone."""
+    """The families of finished phases and starts (their histograms and counters: a large part of the exposition,
+    which changes only when a phase or a start ends), from the units' records alone."""
 
     def __init__(self, records: Callable[[], Sequence[UnitRecord]]) -> None:
         self._records = records
