@@ -426,7 +426,7 @@ def match(grammar: Grammar, record: str, settled: bool = False, own: bool = Fals
             if rule.benign:
                 return None
             said = grammar.fixed_matches[index] or _read(rule, found)
-            return _refined(grammar, said, message, candidates) if said.reason else said
+            return _refined(grammar, said, message, candidates) if said.reason or said.phase else said
     return None
 
 
@@ -439,8 +439,13 @@ ROOT_CAUSES = frozenset(Reason) - VAGUE
 def _refined(grammar: Grammar, said: Match, message: str, candidates: list[int]) -> Match:
     """A failure's line as the shared vocabulary reads it too: the root cause it names beside a vague reason (every
     engine's way of saying out of memory is an OOM), and, where the failure is placed nowhere, the step the line
-    names (`Unable to warmup model: … out of memory` failed in warm-up), unless the line only names it (benign)."""
+    names (`Unable to warmup model: … out of memory` failed in warm-up), unless the line only names it (benign); and
+    a phase's marker (a worker's tag, as vLLM's Ray workers' lines begin) on a line whose words say its process
+    died (a signal's handler, a segfault, a panic: the vocabulary's fatal rules) as that death, where the marker is."""
     shared = [grammar.rules[index] for index in candidates if grammar.rules[index].shared]
+    if said.reason is None:
+        died = next((r for r in shared if r.fatal and r.pattern.search(message)), None)
+        return said if died is None else dataclasses.replace(said, reason=died.reason, fatal=True)
     cause = step = None
     if said.reason in VAGUE:  # a root cause; or CUDA's own error beside a crash's (`CUDA kernel failed : 1`)
         better = ROOT_CAUSES if said.reason is Reason.CUDA_ERROR else ROOT_CAUSES | {Reason.CUDA_ERROR}
