@@ -76,7 +76,8 @@ XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d{1,6})\b")
 COUNT = re.compile(r"[0-9]{1,12}")  # ASCII digits, bounded: a saved log can hold anything
 
 
-def _text(value: bytes | str | list | None) -> str:  # type: ignore[type-arg]
+def field_text(value: bytes | str | list | None) -> str:  # type: ignore[type-arg]
+    """A journal field as text: bytes decoded, the first of a field given twice, "" for none."""
     if isinstance(value, list):  # a field given twice: journald keeps both, the first one counts
         value = value[0] if value else None
     if value is None:
@@ -90,9 +91,9 @@ def container_name(fields: Mapping[str, bytes | str]) -> str:
     CONTAINER_NAME is a field any local program may set: it is believed only from the container runtime,
     which journald names in the trusted `_COMM`.
     """
-    if _text(fields.get("_COMM")) not in CONTAINER_LOGGERS:
+    if field_text(fields.get("_COMM")) not in CONTAINER_LOGGERS:
         return ""
-    return _text(fields.get("CONTAINER_NAME"))
+    return field_text(fields.get("CONTAINER_NAME"))
 
 
 def log_lines(message: bytes | str, t: float, unit: str, invocation: str = "") -> list[Observation]:
@@ -111,34 +112,34 @@ def to_observations(
     and Xid lines only from the kernel: journald fills in `_PID` and `_TRANSPORT` itself
     (systemd.journal-fields(7): trusted fields).
     """
-    transport = _text(fields.get("_TRANSPORT"))
-    if transport == "driver" and _text(fields.get("MESSAGE_ID")) == MessageId.JOURNAL_DROPPED:  # journald's own word
-        unit = _text(fields.get("OBJECT_SYSTEMD_UNIT"))
-        dropped = _text(fields.get("N_DROPPED"))
+    transport = field_text(fields.get("_TRANSPORT"))
+    if transport == "driver" and field_text(fields.get("MESSAGE_ID")) == MessageId.JOURNAL_DROPPED:  # journald's own word
+        unit = field_text(fields.get("OBJECT_SYSTEMD_UNIT"))
+        dropped = field_text(fields.get("N_DROPPED"))
         return [Suppressed(t, unit, int(dropped))] if unit in units and COUNT.fullmatch(dropped) else []
     if transport == "kernel":
-        found = XID.search(_text(fields.get("MESSAGE")))
+        found = XID.search(field_text(fields.get("MESSAGE")))
         return [XidError(t, found.group(1).lower(), int(found.group(2)), "kernel")] if found else []
     container = container_name(fields)
-    unit = container or _text(fields.get("_SYSTEMD_UNIT"))
+    unit = container or field_text(fields.get("_SYSTEMD_UNIT"))
     if unit in units:
         # the runtime's own invocation id is no start of the container's: its starts are told by its processes
-        invocation = "" if container else _text(fields.get("_SYSTEMD_INVOCATION_ID"))
+        invocation = "" if container else field_text(fields.get("_SYSTEMD_INVOCATION_ID"))
         message = fields.get("MESSAGE", b"")
-        if _text(fields.get("MESSAGE_ID")) == MessageId.SPAWN_FAILED and (found := SPAWN.search(_text(message))):
+        if field_text(fields.get("MESSAGE_ID")) == MessageId.SPAWN_FAILED and (found := SPAWN.search(field_text(message))):
             return [Lifecycle(t, unit, Event.SPAWN_FAILED, found.group(1), invocation)]
         return log_lines(message[0] if isinstance(message, list) and message else message or b"", t, unit, invocation)
-    subject = _text(fields.get("UNIT"))
-    if subject not in units or _text(fields.get("_PID")) != "1":
+    subject = field_text(fields.get("UNIT"))
+    if subject not in units or field_text(fields.get("_PID")) != "1":
         return []
-    event = LIFECYCLE_IDS.get(_text(fields.get("MESSAGE_ID")))
+    event = LIFECYCLE_IDS.get(field_text(fields.get("MESSAGE_ID")))
     if event is None:
         return []
-    message = _text(fields.get("MESSAGE"))
+    message = field_text(fields.get("MESSAGE"))
     detail = ""
     if event is Event.EXITED and (found := EXIT.search(message)):
         detail = "/".join(found.groups())
     elif event is Event.FAILED:
         found = FAILED_RESULT.search(message)
-        detail = _text(fields.get("UNIT_RESULT")) or (found.group(1) if found else "")
-    return [Lifecycle(t, subject, event, detail, _text(fields.get("INVOCATION_ID")))]
+        detail = field_text(fields.get("UNIT_RESULT")) or (found.group(1) if found else "")
+    return [Lifecycle(t, subject, event, detail, field_text(fields.get("INVOCATION_ID")))]

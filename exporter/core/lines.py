@@ -26,9 +26,7 @@ def redraw_ages(records: list[str]) -> list[float]:
     if len(records) < 2:  # a record is drawn when it is drawn: what nearly every line is
         return [0.0] * len(records)
     elapsed = [_elapsed(r) for r in records]
-    last = next((e for e in reversed(elapsed) if e is not None), None)
-    if last is None:
-        return [0.0] * len(records)
+    last = next((e for e in reversed(elapsed) if e is not None), 0)  # none: every one is None, 0.0 below
     return [max(0.0, last - e) if e is not None else 0.0 for e in elapsed]
 
 

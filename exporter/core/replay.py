@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.core import grammar as grammars
-from exporter.core.entries import container_name, to_observations
+from exporter.core.entries import container_name, field_text, to_observations
 from exporter.core.formats.terminal import COMMAND
 from exporter.core.grammar import Grammar
 from exporter.core.model import (
@@ -31,10 +31,6 @@ Fields = Mapping[str, Any]
 SNIFF = 500  # records of a unit read before its engine is chosen from them
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value or "")
-
-
 WORD = re.compile(r"[a-z0-9]+")
 UNDESCRIBED = 16  # description-only job lines kept until a unit they describe appears
 # What runs an engine for a unit and names its lines in a short format in the unit's stead (ExecStart=/usr/bin/env …,
@@ -49,7 +45,7 @@ def _launcher(unit: str) -> bool:
 
 def _described_only(fields: Fields) -> bool:
     """A job line of PID 1 that names no unit, only a description (`Started Ollama Service.`)."""
-    return _text(fields.get("_PID")) == "1" and bool(fields.get("MESSAGE_ID")) and not fields.get("UNIT")
+    return field_text(fields.get("_PID")) == "1" and bool(fields.get("MESSAGE_ID")) and not fields.get("UNIT")
 
 
 def unit_of(fields: Fields, default: str) -> str:
@@ -60,11 +56,11 @@ def unit_of(fields: Fields, default: str) -> str:
     "" for PID 1 (its lines are about the unit in their UNIT field; journald files them under
     init.scope) and for the kernel.
     """
-    if _text(fields.get("_PID")) == "1" or _text(fields.get("_TRANSPORT")) == "kernel":
+    if field_text(fields.get("_PID")) == "1" or field_text(fields.get("_TRANSPORT")) == "kernel":
         return ""
-    if unit := container_name(fields) or _text(fields.get("_SYSTEMD_UNIT")):
+    if unit := container_name(fields) or field_text(fields.get("_SYSTEMD_UNIT")):
         return unit
-    ident = _text(fields.get("SYSLOG_IDENTIFIER"))
+    ident = field_text(fields.get("SYSLOG_IDENTIFIER"))
     return f"{ident}.service" if ident else default
 
 
@@ -188,7 +184,7 @@ class Replay:
         if own and not fields.get("_SYSTEMD_UNIT"):
             own = self.launched.get(own) or self._launching(own) or own
             fields = {**fields, "_SYSTEMD_UNIT": own}  # a short-format line: named by its identifier
-        unit = own or _text(fields.get("UNIT"))  # PID 1 speaking about a unit
+        unit = own or field_text(fields.get("UNIT"))  # PID 1 speaking about a unit
         if not unit and _described_only(fields):
             if not (unit := self._described(fields)):
                 self.undescribed = [*self.undescribed[-(UNDESCRIBED - 1) :], (now, fields)]
@@ -199,7 +195,7 @@ class Replay:
         if not own and unit not in self.units:
             self._adopt(unit)
         known = self.units.get(unit) or self._new(unit)
-        if own and (ident := _text(fields.get("SYSLOG_IDENTIFIER"))):
+        if own and (ident := field_text(fields.get("SYSLOG_IDENTIFIER"))):
             known.names.add(ident)
         for obs in to_observations(fields, now, frozenset({unit})):
             if isinstance(obs, (LogLine, Lifecycle)):  # no process side and no GPUs in a saved log
@@ -212,7 +208,7 @@ class Replay:
         """The unit a job line of PID 1 that names only a description is about ("Started Ollama Service.": older
         systemd, and every unit without the `unit - ` form): the one unit of the log so far whose name's first
         word is a word of the description, if there is exactly one."""
-        words = set(WORD.findall(_text(fields.get("MESSAGE")).lower()))
+        words = set(WORD.findall(field_text(fields.get("MESSAGE")).lower()))
         about = [u for u in self.units if (first := WORD.match(u.lower())) and first.group() in words]
         return about[0] if len(about) == 1 else ""
 

@@ -101,11 +101,6 @@ class _Stream:
             wanted -= len(part)
         return b"".join(parts)
 
-    def peek(self, size: int) -> bytes:
-        while len(self._buffer) - self._at < size and self._more():
-            pass
-        return self._buffer[self._at : self._at + size]
-
 
 def read_export(chunks: Iterable[bytes]) -> Iterator[tuple[float | None, Fields]]:
     """journalctl -o export (systemd's JOURNAL_EXPORT_FORMATS): `NAME=value\\n` for printable
@@ -135,10 +130,7 @@ def read_export(chunks: Iterable[bytes]) -> Iterator[tuple[float | None, Fields]
             value = stream.read(length)
             if len(value) < length:
                 break  # cut short
-            if stream.peek(1) == b"\n":
-                stream.read(1)
-            elif stream.peek(2) == b"\r\n":
-                stream.read(2)
+            stream.readline()  # the value's own \n (or \r\n)
         elif not FIELD_NAME.fullmatch(name):
             continue
         seen = True

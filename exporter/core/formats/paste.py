@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 
 from exporter.core.formats.containers import COMPOSE
 from exporter.core.formats.fields import Fields, line
-from exporter.core.lines import ANSI, MAX_RECORD
+from exporter.core.lines import clean_records
 
 # What a paste may carry on every line, around the log: a markdown quote's marks (nested too); `grep -n`'s line
 # numbers (`109:`, `110-` beside a match), `cat -n`'s, a paste site's (`  12. `). A number followed by a digit
@@ -53,8 +53,7 @@ def _shared_indent(lines: list[bytes]) -> bytes:
 
 def unframed(lines: Iterable[bytes], found: re.Pattern[bytes]) -> Iterator[bytes]:
     """The lines of a paste without its frame."""
-    for raw in lines:
-        yield found.sub(b"", raw, count=1)
+    return (found.sub(b"", raw, count=1) for raw in lines)
 
 
 # What a line picks up around what the engine printed on its way into a paste: docker compose's `service  | `
@@ -99,6 +98,5 @@ def repaired(fields: Fields) -> Fields:
     message = fields.get("MESSAGE")
     if not message:
         return fields
-    said = ANSI.sub("", message.decode("utf-8", "replace") if isinstance(message, bytes) else message)
-    bare = "\r".join(unframe(part.strip("\n")[:MAX_RECORD]) for part in said.split("\r"))
+    bare = "\r".join(map(unframe, clean_records(message)))
     return fields if bare == message else {**fields, "MESSAGE": bare}
