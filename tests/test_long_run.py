@@ -178,7 +178,11 @@ def test_a_crash_while_journald_is_stopped_keeps_the_reason_its_lines_give(agent
                      "the journal source down")
             flag.touch()
             unit.wait(10)
-            time.sleep(4 * INTERVAL)  # rounds that see no process while its last words wait in journald's stream
+            gone = time.time()
+            # rounds that see no process while its last words wait in journald's stream: the agent has looked since
+            wait_for(lambda: Scrape(fetch(port)).value("llmstartup_source_last_success_timestamp_seconds",
+                                                       source="processes") >= gone + 3 * INTERVAL, 20,
+                     "three looks at the unit's processes after its exit")
         finally:
             os.kill(journald.process.pid, signal.SIGCONT)
         counted = wait_for(lambda: (s := Scrape(fetch(port))).value("llmstartup_startups_total", unit=unit.name,

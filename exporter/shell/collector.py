@@ -53,7 +53,7 @@ KINDS = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram"
          "summary": SummaryMetricFamily}
 
 T = TypeVar("T")
-Sample = tuple[Sequence[str], Any]  # label values and the value: a number, or a Histogram for a histogram
+Sample = tuple[Sequence[str], Any]  # label values and the value: a number, or a Histogram for a histogram or a summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +70,9 @@ class Family(Generic[T]):
     def render(self, source: T) -> Metric:
         family = KINDS[self.type](f"{NS}_{self.name}", self.help, labels=list(self.labels))
         for labels, value in self.read(source):
-            if isinstance(value, Histogram) and self.type == "summary":
+            if self.type == "summary":
                 family.add_metric(list(labels), value.count, value.total)
-            elif isinstance(value, Histogram):
+            elif self.type == "histogram":
                 family.add_metric(list(labels), _buckets(value), value.total)
             else:
                 family.add_metric(list(labels), value)
