@@ -29,7 +29,7 @@ from exporter.core.model import (
     XidError,
 )
 from exporter.core.tracker import advance, judge
-from exporter.sources.journal import JournalPlace
+from exporter.sources.journal import JournalPlace, this_boot
 from exporter.sources.journal import _entry as read_entry
 from exporter.sources.journal_process import JournalSource
 from tests.needs import needs
@@ -215,7 +215,7 @@ def whole_read(folder: Path, units: list[str]) -> list[Observation | XidError]:
     reader = JournalPlace(directory=folder).open()
     out: list[Observation | XidError] = []
     try:
-        reader.this_boot()
+        this_boot(reader)
         while reader._next():
             fields, t = read_entry(reader)
             out += to_observations(fields, t, frozenset(units))

@@ -159,3 +159,42 @@ def test_a_catch_up_is_handed_over_at_the_readers_pace_not_at_the_agents_rounds(
             time.sleep(min(30, max(0.0, deadline - time.monotonic())))  # the agent's interval
     assert [m.rsplit("#", 1)[1] for m in read] == [str(i) for i in range(lines)]
     assert not reading.behind
+
+
+def _journal_rss(pid: int, folder: Path) -> int:
+    """Bytes of the folder's journal files that the process holds in its memory (resident in its mappings)."""
+    held, mapping = 0, ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields[0].endswith(":"):
+            if fields[0] == "Rss:" and mapping.startswith(str(folder)):
+                held += int(fields[1]) * 1024
+        else:
+            mapping = fields[5] if len(fields) > 5 else ""
+    return held
+
+
+def test_a_reader_following_a_busy_journal_gives_back_the_pages_it_read(journal_folder, reading):
+    """libsystemd keeps every page of a journal file that a read touched mapped, in up to 64 windows of 8 MiB:
+    a reader following a busy host's journal would hold most of what it read (187 MiB after 1 M entries).
+    The reader child gives them back as it goes (exporter.sources.journal_pages), and reads on unharmed."""
+    import psutil
+
+    run, lines = uuid.uuid4().hex, 60_000
+    _write(journal_folder / "system@earlier.journal", _entry(5, _SYSTEMD_UNIT=UNIT, _PID="4242", _TRANSPORT="stdout",
+                                                             _SYSTEMD_INVOCATION_ID=run, MESSAGE="started"))
+    reading.watch([UNIT])
+    reading.start()
+    wait_for(lambda: UNIT in reading.ready_units, 20, "the unit's earlier lines read")
+    reading.drain()
+    busy = journal_folder / "system.journal"
+    _write(busy, *(_entry(1 - i / 100_000, _SYSTEMD_UNIT=UNIT, _PID="4242", _TRANSPORT="stdout",
+                          _SYSTEMD_INVOCATION_ID=run, MESSAGE=f"INFO:     10.0.0.7:51234 - \"POST /v1/completions\" #{i}")
+                   for i in range(lines)))
+    read: list[str] = []
+    wait_for(lambda: read.extend(o.text for o in reading.drain() if isinstance(o, LogLine)) or len(read) >= lines,
+             60, "the live lines read")
+    assert [m.rsplit("#", 1)[1] for m in read] == [str(i) for i in range(lines)]
+    [child] = [c for c in psutil.Process().children() if "exporter.sources.journal_child" in " ".join(c.cmdline())]
+    held, size = _journal_rss(child.pid, journal_folder), busy.stat().st_size
+    assert held < size / 4, f"the reader holds {held >> 10} KiB of the {size >> 10} KiB of journal it read"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from exporter.core.entries import (  # the fields an observation is built from; no other is decoded
     FIELDS,
@@ -15,8 +15,9 @@ from exporter.core.entries import (  # the fields an observation is built from; 
 )
 from exporter.core.model import Observation, XidError
 
+TYPE_CHECKING = False  # typing's, without importing typing in the reader child (exporter.core.model says why)
 if TYPE_CHECKING:
-    from systemd import journal
+    from systemd._reader import _Reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,18 +27,21 @@ class JournalPlace:
     namespace: str | None = None
     directory: Path | None = None
 
-    def open(self) -> journal.Reader:
+    def open(self) -> _Reader:
+        """systemd-python's C reader, which every read here goes through (`_next`, `_get_all`, …), without
+        systemd.journal's Reader around it: that converts fields we read raw, and imports logging, uuid,
+        datetime and traceback, 1 MiB of the reader child's memory."""
         # Imported here: the agent's own process names the place and never reads it (its reader child does),
-        # and systemd-python is 3 MiB of a process's memory (docs/performance.md).
-        from systemd import journal
+        # and systemd-python is 1.3 MiB of a process's memory (docs/performance.md).
+        from systemd._reader import LOCAL_ONLY, _Reader
 
         if self.directory is not None:
-            return journal.Reader(path=str(self.directory))
+            return _Reader(0, path=str(self.directory))  # sd_journal_open_directory(3) takes no LOCAL_ONLY
         if self.namespace is not None:
-            return journal.Reader(namespace=self.namespace)
-        return journal.Reader()
+            return _Reader(LOCAL_ONLY, namespace=self.namespace)
+        return _Reader(LOCAL_ONLY)
 
-    def readable(self, reader: journal.Reader) -> bool:
+    def readable(self, reader: _Reader) -> bool:
         """Whether the Reader found journal files it can read. libsystemd counts a directory's files as
         persistent or runtime by their path (/var, /run): one elsewhere (a copy in /srv, a host's journal
         mounted at /host/var/log/journal) is asked itself."""
@@ -53,7 +57,17 @@ class JournalPlace:
         return f"namespace {self.namespace}" if self.namespace else "the system journal"
 
 
-def fields_of(reader: journal.Reader) -> dict[str, bytes]:
+def this_boot(reader: _Reader) -> None:
+    """Read only this boot's entries: the match systemd.journal.Reader.this_boot adds."""
+    reader.add_match(f"_BOOT_ID={_boot_id()}")
+
+
+@functools.cache
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")  # as sd_id128_get_boot
+
+
+def fields_of(reader: _Reader) -> dict[str, bytes]:
     """The current entry's FIELDS, raw bytes. One C call for all fields, and no decoding: a `_get`
     per field raising KeyError for each missing one costs three times as much (bench/ingest.py), and
     decoding every field five times (docs/reliability.md §1.1)."""
@@ -63,9 +77,11 @@ def fields_of(reader: journal.Reader) -> dict[str, bytes]:
 
 # Observations a message carries at most: a batch this full was cut short, and more are coming.
 BATCH = 1000
+# Entries read between two releases of the journal pages they touched (`release`): about 2 MiB of them.
+RELEASE_EVERY = 10_000
 
 
-def _entry(reader: journal.Reader) -> tuple[dict[str, bytes], float]:
+def _entry(reader: _Reader) -> tuple[dict[str, bytes], float]:
     return fields_of(reader), reader._get_monotonic()[0] / 1e6
 
 
@@ -78,7 +94,9 @@ class Follower:
     time t was sent, ("ready", units) once a unit's earlier lines were all sent, ("ok", detail) and
     ("down", reason). `read_earlier(units, until)` reads newly watched units' lines of this boot up to
     the entry `until` and sends them (exporter.sources.journal_catchup). `idle(reader)` waits between two
-    passes over the journal: for new entries, or (the child's) a command.
+    passes over the journal: for new entries, or (the child's) a command. `release()` gives back the
+    journal pages the reading touched (exporter.sources.journal_pages, in the child): after the Reader
+    stands where it goes on from, and every RELEASE_EVERY entries.
     """
 
     def __init__(
@@ -89,12 +107,14 @@ class Follower:
         cursor: str | None = None,
         backfilled: frozenset[str] = frozenset(),
         resuming: bool = False,
-        idle: Callable[[journal.Reader], None] = lambda reader: reader.wait(0.5),
+        idle: Callable[[_Reader], None] = lambda reader: reader.wait(500_000),  # µs
+        release: Callable[[], object] = lambda: None,
     ) -> None:
         self.place = place
         self._send = send
         self._read_earlier = read_earlier
         self._idle = idle  # waits, at most half a second, for new entries (INVALIDATE means the same to us)
+        self._release = release
         self.cursor = cursor  # the live reader's position: newly watched units are read up to it
         self.units = backfilled
         # The backfilled units are a checkpoint's: read up to the cursor only if it can be used; if it
@@ -115,10 +135,13 @@ class Follower:
     def _follow(self, new_units: Callable[[], frozenset[str]], stopping: Callable[[], bool]) -> None:
         reader = self.place.open()
         try:
-            reader.this_boot()
+            this_boot(reader)
             if not self.place.readable(reader):
                 raise OSError("no journal files can be read (missing, or not in the systemd-journal group?)")
             pending = self._seek(reader)
+            # entries read since the last release; the seek and the first `next` after it walk every file's
+            # entry arrays (0.7 MiB a file), so the first pass ends with one
+            read = RELEASE_EVERY
             while not stopping():
                 self._backfill(new_units() - self.units)
                 batch = [*pending]
@@ -129,18 +152,25 @@ class Follower:
                         break
                     fields, t = _entry(reader)
                     batch += to_observations(fields, t, self.units)
+                    read += 1
                     if len(batch) >= BATCH:  # keep each message small; the cursor says how far
                         self._hand_over(batch, reader)
                         self._send("through", t)  # a journal written faster than it is read: as far as it is
                         batch = []
+                    if read >= RELEASE_EVERY:  # a long pass: a journal written as fast as it is read
+                        self._release()
+                        read = 0
                 self._hand_over(batch, reader)
+                if read >= RELEASE_EVERY:
+                    self._release()
+                    read = 0
                 self._send("through", looked)
                 self._send("ok", f"reading {self.place}")
                 self._idle(reader)
         finally:
             reader.close()
 
-    def _seek(self, reader: journal.Reader) -> list[Observation | XidError]:
+    def _seek(self, reader: _Reader) -> list[Observation | XidError]:
         """Stand on the last entry already handed over; what the seek lands on that was not, is returned.
         Says ("seek", (kept, why)) whether it could go on from the cursor it was given."""
         resuming, self._resuming = self._resuming, False
@@ -166,7 +196,7 @@ class Follower:
         # (python-systemd#146), seek_tail() then previous() is not. Where the live reading starts is
         # handed over at once: the position the agent's state reflects before a line comes.
         reader.seek_tail()
-        reader.get_previous()
+        reader._previous()
         try:
             self.cursor = reader._get_cursor()
         except OSError:  # an empty journal
@@ -174,7 +204,7 @@ class Follower:
         self._send("lines", ([], self.cursor))
         return []
 
-    def _hand_over(self, batch: list[Observation | XidError], reader: journal.Reader) -> None:
+    def _hand_over(self, batch: list[Observation | XidError], reader: _Reader) -> None:
         try:
             self.cursor = reader._get_cursor()
         except OSError:

@@ -41,10 +41,10 @@ from exporter.core.entries import CONTAINER_LOGGERS, log_lines, to_observations
 from exporter.core.lines import MAX_RECORD, blank
 from exporter.core.model import Observation, XidError
 from exporter.core.screen import AnyOf
-from exporter.sources.journal import BATCH, JournalPlace, fields_of
+from exporter.sources.journal import BATCH, JournalPlace, fields_of, this_boot
 
 if TYPE_CHECKING:
-    from systemd import journal
+    from systemd._reader import _Reader
 
 CHUNK = 8192  # lines read through an invocation's match between two checks against the unit's own
 SCREENED = 256  # lines screened at once: one scan of them all instead of a call each
@@ -77,7 +77,7 @@ class Checked(Exception):
         self.after = after
 
 
-def _last_before(reader: journal.Reader, until: str) -> tuple[str, int] | None:
+def _last_before(reader: _Reader, until: str) -> tuple[str, int] | None:
     """The cursor and time of the reader's last entry at or before the entry `until` (in the journal's order)."""
     reader.seek_cursor(until)
     if not reader._previous():  # after a seek to a cursor, the entry itself if it matches
@@ -85,19 +85,20 @@ def _last_before(reader: journal.Reader, until: str) -> tuple[str, int] | None:
     return reader._get_cursor(), reader._get_monotonic()[0]
 
 
-def _match(reader: journal.Reader, *groups: tuple[str, ...]) -> None:
+def _match(reader: _Reader, *groups: tuple[str, ...]) -> None:
     """Read only this boot's entries that match one of the groups, each of "FIELD=value" terms (all of its
     fields must hold; two values of one field are either). The boot last: added first, it would bind only the
     first group (sd_journal_add_match(3))."""
     reader.flush_matches()
     for group in groups:
-        reader.add_match(*group)
+        for term in group:
+            reader.add_match(term)
         reader.add_disjunction()
     reader.add_conjunction()
-    reader.this_boot()
+    this_boot(reader)
 
 
-def _invocation(reader: journal.Reader) -> str:
+def _invocation(reader: _Reader) -> str:
     try:
         return reader._get("_SYSTEMD_INVOCATION_ID").decode("ascii", "replace")
     except KeyError:
@@ -117,9 +118,9 @@ class CatchUp:
     def read(self, unit: str, until: str | None) -> None:
         if until is None:  # the journal was empty when the live reader began: it reads everything
             return
-        readers: list[journal.Reader] = []
+        readers: list[_Reader] = []
 
-        def opened(*groups: tuple[str, ...]) -> journal.Reader:
+        def opened(*groups: tuple[str, ...]) -> _Reader:
             reader = self.place.open()
             readers.append(reader)
             _match(reader, *groups)
@@ -153,7 +154,7 @@ class CatchUp:
                         # the invocation alone: a start's id is its own (its unit's and boot's terms cost each
                         # `next` a fifth more); the check against the unit's match vouches for what it reads
                         lines.flush_matches()
-                        lines.add_match(_SYSTEMD_INVOCATION_ID=run.invocation)
+                        lines.add_match(f"_SYSTEMD_INVOCATION_ID={run.invocation}")
                         skim.run(lines, run, checker)
                 skim.end(checker)
             except Checked as failed:
@@ -166,7 +167,7 @@ class CatchUp:
             for reader in readers:
                 reader.close()
 
-    def _others(self, reader: journal.Reader, unit: str, until: str) -> list[tuple[int, Observed]]:
+    def _others(self, reader: _Reader, unit: str, until: str) -> list[tuple[int, Observed]]:
         """PID 1's entries about the unit (`UNIT=` is believed from PID 1 only) and journald's, up to `until`,
         with their times (µs), in the journal's order."""
         _match(reader, ("_PID=1", f"UNIT={unit}"), (f"OBJECT_SYSTEMD_UNIT={unit}",))  # journald's notices about it
@@ -184,7 +185,7 @@ class CatchUp:
                 break
         return marks
 
-    def _whole(self, reader: journal.Reader, unit: str, until: str, after: str | None) -> None:
+    def _whole(self, reader: _Reader, unit: str, until: str, after: str | None) -> None:
         """Every entry of the unit (its lines, PID 1's and journald's about it, a container's) after the entry
         `after` (or from the boot's first) up to `until`, each made into observations: what the skim's
         assumptions do not hold for."""
@@ -213,7 +214,7 @@ class CatchUp:
         self._send("lines", (batch, None))
 
 
-def _walk(own: journal.Reader, probe: journal.Reader, unit: str, last: tuple[str, int]) -> list[Run] | None:
+def _walk(own: _Reader, probe: _Reader, unit: str, last: tuple[str, int]) -> list[Run] | None:
     """The unit's runs of one invocation, oldest first, from its last line (`last`, where `own` stands) back
     to the boot's first; None when a line has no invocation or an invocation comes back after another's."""
     runs = []
@@ -265,7 +266,7 @@ class _Skim:
         self.segments: list[tuple[str | None, Observed, State]] = []
         self.before = self._state()  # the state after the last segment checked
 
-    def run(self, reader: journal.Reader, run: Run, checker: _Checker | None) -> None:
+    def run(self, reader: _Reader, run: Run, checker: _Checker | None) -> None:
         """The run's lines, a chunk at a time; each checked against the unit's own match (`checker`; None: the
         run's match is all of the unit's lines) before what it hands over is sent."""
         self.invocation = run.invocation
@@ -354,13 +355,13 @@ class _Skim:
     def _marks_t(self) -> int:
         return self.marks[self.mark][0] if self.mark < len(self.marks) else NEVER
 
-    def _whole(self, reader: journal.Reader, t: int) -> None:
+    def _whole(self, reader: _Reader, t: int) -> None:
         """Hand over the entry the reader stands on, whole; the line after it too."""
         self._hand_over_held()
         self.out += to_observations(fields_of(reader), t / 1e6, self.units)
         self.kept = -NEVER
 
-    def _screen(self, reader: journal.Reader, times: list[int], messages: list[bytes], ahead: int) -> None:
+    def _screen(self, reader: _Reader, times: list[int], messages: list[bytes], ahead: int) -> None:
         """Hand over what the fold can notice of the lines read since the last call (the reader stands on the
         last of them, or `ahead` entries past it): before anything else is handed over, so that what is
         handed over stays in order."""

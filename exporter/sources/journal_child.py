@@ -102,6 +102,8 @@ def _read_earlier(place: JournalPlace, screen: bytes, silence: float, send: Call
 
 def main(commands: int, results: int) -> None:
     """The child: follow the journal, send what it reads, stop with the parent."""
+    from exporter.sources.journal_pages import release  # here: the agent imports this module for Pipe alone
+
     inbox, outbox = Pipe(commands), Pipe(results)
     parent = os.getppid()
     place, cursor, backfilled, resuming, screen, silence = inbox.receive()  # type: ignore[misc]
@@ -137,7 +139,7 @@ def main(commands: int, results: int) -> None:
         catch_up(lambda: _read_earlier(place, screen, silence, send, units, until), inbox, new_units, stopping)
 
     try:
-        Follower(place, send, read_earlier, cursor, backfilled, resuming, idle).follow(new_units, stopping)
+        Follower(place, send, read_earlier, cursor, backfilled, resuming, idle, release).follow(new_units, stopping)
     except (BrokenPipeError, EOFError, SystemExit):  # the parent is gone or asked us to stop
         pass
 
