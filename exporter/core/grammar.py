@@ -10,12 +10,17 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
+from pathlib import Path
 
 from exporter.core.entries import SPAWN
 from exporter.core.groups import FIELDS as GROUP
 from exporter.core.model import REASON_DETAIL, STARTUP_ORDER, Phase, Reason, frozen_map
 from exporter.core.screen import Screen, any_pattern
+
+# The grammar files, shipped in the package (exporter/grammars/), read by their path: importlib.resources
+# would import zipfile and tempfile, for packages installed as zips (this one is a folder), 0.4 MiB of the
+# agent's memory.
+GRAMMARS = Path(__file__).resolve().parent.parent / "grammars"
 
 # Engine-reported values a grammar may extract, with their help text. A rule names one in a group
 # as `<value>__<unit>`, e.g. `(?P<model_weights_bytes__gib>[\d.]+)`; the unit scales it to base units.
@@ -334,7 +339,7 @@ def load(engine: str) -> Grammar:
     starting again).
     """
     try:
-        text = resources.files("exporter.grammars").joinpath(f"{engine}.toml").read_text("utf-8")
+        text = (GRAMMARS / f"{engine}.toml").read_text("utf-8")
     except FileNotFoundError:
         raise GrammarError(f"no grammar for engine {engine!r}; known: {', '.join(ENGINES)}") from None
     outer = parse(engine, text)
@@ -352,7 +357,7 @@ def load(engine: str) -> Grammar:
 def vocabulary() -> Grammar:
     """The shared vocabulary (exporter/grammars/vocabulary.toml), alone: what any engine's lines say of a start in
     words no engine owns. No engine's: `load` puts its rules under every engine's own."""
-    shared = parse("vocabulary", resources.files("exporter.grammars").joinpath("vocabulary.toml").read_text("utf-8"))
+    shared = parse("vocabulary", (GRAMMARS / "vocabulary.toml").read_text("utf-8"))
     return dataclasses.replace(shared, rules=tuple(dataclasses.replace(rule, shared=True) for rule in shared.rules))
 
 
@@ -370,7 +375,7 @@ ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "ollama", "triton", "generic")
 def launch_flags() -> tuple[re.Pattern[str], ...]:
     """The command-line flags that say a start spans hosts (exporter/grammars/launch.toml), each reading
     the fields of exporter.core.groups by its named groups; a GrammarError names a bad one."""
-    text = resources.files("exporter.grammars").joinpath("launch.toml").read_text("utf-8")
+    text = (GRAMMARS / "launch.toml").read_text("utf-8")
     try:
         flags = tuple(re.compile(p) for p in tomllib.loads(text)["flags"])
     except (tomllib.TOMLDecodeError, re.error, KeyError) as error:

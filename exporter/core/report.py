@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.core import expectations, progress
 from exporter.core.model import Attempt, Group, Outcome, Phase, Progress, Snapshot, Stuck, UnitState, UnitView
-from exporter.core.replay import Replayed
 from exporter.core.stuck import waiting_for
+
+if TYPE_CHECKING:  # the agent serves its reports without loading replay and the log formats it reads
+    from exporter.core.replay import Replayed
 
 GiB = 2**30
 

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-import bcrypt
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from exporter.core import landing
@@ -148,6 +147,9 @@ class BasicAuth:
     hash), so a scrape every few seconds pays bcrypt once; a failure never is, so every guess pays."""
 
     def __init__(self, users: Mapping[str, bytes]) -> None:
+        import bcrypt  # here: an agent without basic auth never loads it
+
+        self._checkpw = bcrypt.checkpw
         self.users = users
         # An unknown user is checked against a real hash (the result is ignored), so that the answer takes
         # as long as for a known one and does not tell which users exist.
@@ -183,7 +185,7 @@ class BasicAuth:
         known = user in self.users
         self.bcrypt_calls += 1
         try:
-            ok = bcrypt.checkpw(password, self.users[user] if known else self._decoy) and known
+            ok = self._checkpw(password, self.users[user] if known else self._decoy) and known
         except ValueError:  # longer than bcrypt's 72 bytes: it cannot be the password
             ok = False
         if ok:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
-
-import yaml
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from exporter.core.model import frozen_map
+
+if TYPE_CHECKING:
+    import yaml
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                      "RequireAndVerifyClientCert")
@@ -74,22 +76,28 @@ class WebConfig:
     http2: bool | None = None  # accepted for compatibility and ignored: the server speaks HTTP/1.1
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """Safe YAML that refuses a key given twice (a second `basic_auth_users` entry must not win silently)."""
+@functools.cache
+def _strict_loader() -> type[yaml.SafeLoader]:
+    """Safe YAML that refuses a key given twice (a second `basic_auth_users` entry must not win silently).
+    Made when first asked, as PyYAML is imported: only an agent given a web config file reads YAML, and
+    PyYAML is 1 MiB of a process's memory."""
+    import yaml
 
+    class StrictLoader(yaml.SafeLoader):
+        pass
 
-def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
-                                                    key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node)
+    def no_duplicates(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return loader.construct_mapping(node)
 
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, no_duplicates)
+    return StrictLoader
 
 
 def load(path: Path) -> WebConfig:
@@ -98,6 +106,8 @@ def load(path: Path) -> WebConfig:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as error:
         raise WebConfigError(path, f"cannot read it: {getattr(error, 'strerror', None) or error}") from None
+    import yaml
+
     try:
         return parse(text, path)
     except yaml.YAMLError as error:
@@ -106,6 +116,8 @@ def load(path: Path) -> WebConfig:
 
 def _where(error: yaml.YAMLError) -> str:
     """One line, and without PyYAML's quote of the offending line: it may hold a secret."""
+    import yaml
+
     if not isinstance(error, yaml.MarkedYAMLError):
         return f": {error}"
     mark = error.problem_mark or error.context_mark
@@ -114,7 +126,9 @@ def _where(error: yaml.YAMLError) -> str:
 
 
 def parse(text: str, path: Path) -> WebConfig:
-    doc = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no Python objects from the file
+    import yaml
+
+    doc = yaml.load(text, Loader=_strict_loader())  # a SafeLoader: no Python objects from the file
     problem = _Problems(path)
     if doc is None:  # an empty file is valid: plain HTTP, no auth, as in the toolkit
         return WebConfig(path)

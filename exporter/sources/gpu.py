@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
-
-import pynvml
 
 from exporter.core.model import Gpu, XidError, frozen_map
 from exporter.sources.status import SourceStatus
@@ -99,11 +96,15 @@ class GpuSource:
     def __init__(
         self,
         interval: float,
-        nvml: Any = pynvml,
+        nvml: Any = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.interval = interval
+        if nvml is None:
+            import pynvml  # here: an agent without the GPU collector never loads it (1.8 MiB of its memory)
+
+            nvml = pynvml
         self._nvml = nvml
         self._clock = clock
         self._stop = threading.Event()
@@ -241,6 +242,8 @@ class GpuSource:
 
 
 def _address(handle: Any) -> int:
+    import ctypes  # loaded by pynvml already
+
     return ctypes.cast(handle, ctypes.c_void_p).value or 0
 
 

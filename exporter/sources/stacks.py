@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import sysconfig
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +41,8 @@ class DumpFailed(Exception):
 
 def find_py_spy() -> str | None:
     """The py-spy installed with this package (the scripts folder of its environment), else on PATH."""
+    import sysconfig  # here: an agent without --collector.stacks never looks
+
     beside = Path(sysconfig.get_path("scripts")) / "py-spy"
     return str(beside) if os.access(beside, os.X_OK) else shutil.which("py-spy")
 
