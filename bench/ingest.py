@@ -208,7 +208,7 @@ def ours(folder: Path, stage: str = "advance") -> tuple[float, int, dict[str, ob
     from exporter.core import grammar
     from exporter.core.model import Limits, UnitState, XidError
     from exporter.core.entries import to_observations
-    from exporter.sources.journal import JournalPlace, _entry
+    from exporter.sources.journal import JournalPlace, _entry, this_boot
     from exporter.core.tracker import advance
 
     vllm, limits, units = grammar.load("vllm"), Limits(), frozenset(UNITS)
@@ -218,7 +218,7 @@ def ours(folder: Path, stage: str = "advance") -> tuple[float, int, dict[str, ob
     started = time.perf_counter()
     reader = JournalPlace(directory=folder).open()
     try:
-        reader.this_boot()
+        this_boot(reader)
         while reader._next():
             fields, t = _entry(reader)
             reader._get_realtime()
@@ -245,7 +245,7 @@ def first_start(folder: Path) -> tuple[float, float, int, dict[str, object]]:
     hands over: (seconds, of them folding, observations handed over, unit states)."""
     from exporter.core import grammar
     from exporter.core.model import Limits
-    from exporter.sources.journal import JournalPlace
+    from exporter.sources.journal import JournalPlace, this_boot
     from exporter.sources.journal_catchup import CatchUp
 
     place = JournalPlace(directory=folder)
@@ -253,7 +253,7 @@ def first_start(folder: Path) -> tuple[float, float, int, dict[str, object]]:
     started = time.perf_counter()
     reader = place.open()
     try:
-        reader.this_boot()
+        this_boot(reader)
         reader.seek_tail()
         reader._previous()
         until = reader._get_cursor()  # where the live reader would stand
@@ -294,7 +294,7 @@ def floor(folder: Path) -> tuple[float, int]:
     for unit in UNITS:
         reader = JournalPlace(directory=folder).open()
         try:
-            reader.add_match(_SYSTEMD_UNIT=unit)
+            reader.add_match(f"_SYSTEMD_UNIT={unit}")
             next_, get, monotonic = reader._next, reader._get, reader._get_monotonic
             while next_():
                 monotonic()
