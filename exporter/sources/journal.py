@@ -152,23 +152,26 @@ class Follower:
                         break
                     fields, t = _entry(reader)
                     batch += to_observations(fields, t, self.units)
-                    read += 1
                     if len(batch) >= BATCH:  # keep each message small; the cursor says how far
                         self._hand_over(batch, reader)
                         self._send("through", t)  # a journal written faster than it is read: as far as it is
                         batch = []
-                    if read >= RELEASE_EVERY:  # a long pass: a journal written as fast as it is read
-                        self._release()
-                        read = 0
+                    read = self._released_after(read + 1)  # a long pass: a journal written as fast as it is read
                 self._hand_over(batch, reader)
-                if read >= RELEASE_EVERY:
-                    self._release()
-                    read = 0
+                read = self._released_after(read)
                 self._send("through", looked)
                 self._send("ok", f"reading {self.place}")
                 self._idle(reader)
         finally:
             reader.close()
+
+    def _released_after(self, read: int) -> int:
+        """Give the journal pages back once `read` entries since the last time reach RELEASE_EVERY; the count
+        since then."""
+        if read < RELEASE_EVERY:
+            return read
+        self._release()
+        return 0
 
     def _seek(self, reader: _Reader) -> list[Observation | XidError]:
         """Stand on the last entry already handed over; what the seek lands on that was not, is returned.
